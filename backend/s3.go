@@ -1,0 +1,304 @@
+package backend
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
+)
+
+// Config holds what every store needs to connect. Empty fields fall back to
+// each store's environment variables and defaults.
+type Config struct {
+	Endpoint string // URL; "" means the store's environment variable or public default
+	Region   string
+	// ForcePathStyle selects /bucket/key addressing (S3 only; chosen
+	// automatically for IP and localhost endpoints).
+	ForcePathStyle bool
+	// Static credentials; when AccessKey is empty the store's standard
+	// credential chain is used.
+	AccessKey, SecretKey, SessionToken string
+	// MaxConns sizes the connection pool: at least the number of parallel GETs.
+	MaxConns int
+}
+
+// Open connects to the store the location names.
+func Open(ctx context.Context, loc Location, cfg Config) (Store, error) {
+	switch loc.Scheme {
+	case "s3":
+		return NewS3(ctx, loc.Bucket, cfg)
+	case "tos":
+		return NewTOS(ctx, loc.Bucket, cfg)
+	}
+	return nil, fmt.Errorf("unsupported scheme %q", loc.Scheme)
+}
+
+type s3Store struct {
+	client   *s3.Client
+	bucket   string
+	endpoint string
+}
+
+// NewS3 returns a Store for bucket through aws-sdk-go-v2. The endpoint comes
+// from cfg, else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else AWS's
+// default; the region from cfg, else AWS_REGION / AWS_DEFAULT_REGION / the
+// shared config, else us-east-1.
+func NewS3(ctx context.Context, bucket string, cfg Config) (Store, error) {
+	endpoint := firstNonEmpty(cfg.Endpoint, os.Getenv("AWS_ENDPOINT_URL_S3"), os.Getenv("AWS_ENDPOINT_URL"))
+	pathStyle := cfg.ForcePathStyle
+	if endpoint != "" {
+		u, err := url.Parse(endpoint)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("invalid S3 endpoint %q: want http(s)://HOST[:PORT]", endpoint)
+		}
+		pathStyle = pathStyle || hostNeedsPathStyle(u.Hostname())
+	}
+	hc := newHTTPClient(cfg.MaxConns)
+	opts := []func(*config.LoadOptions) error{config.WithHTTPClient(hc)}
+	if cfg.Region != "" {
+		opts = append(opts, config.WithRegion(cfg.Region))
+	}
+	if cfg.AccessKey != "" {
+		opts = append(opts, config.WithCredentialsProvider(
+			credentials.NewStaticCredentialsProvider(cfg.AccessKey, cfg.SecretKey, cfg.SessionToken)))
+	}
+	if bundle := os.Getenv("AWS_CA_BUNDLE"); bundle != "" && strings.HasPrefix(endpoint, "http://") {
+		// AWS_CA_BUNDLE only matters for TLS. The SDK loads it whatever the
+		// endpoint and fails when it is unreadable; for a plain-HTTP endpoint
+		// hand it a harmless root instead, which LoadOptions let win.
+		pem, err := throwawayRootPEM()
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, config.WithCustomCABundle(bytes.NewReader(pem)))
+	}
+	awsCfg, err := config.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		if bundle := os.Getenv("AWS_CA_BUNDLE"); bundle != "" {
+			return nil, fmt.Errorf("load AWS configuration (AWS_CA_BUNDLE=%s): %w", bundle, err)
+		}
+		return nil, fmt.Errorf("load AWS configuration: %w", err)
+	}
+	if awsCfg.Region == "" {
+		awsCfg.Region = "us-east-1"
+	}
+	client := s3.NewFromConfig(awsCfg, func(o *s3.Options) {
+		if endpoint != "" {
+			o.BaseEndpoint = aws.String(endpoint)
+		}
+		o.UsePathStyle = pathStyle
+		o.RequestChecksumCalculation = aws.RequestChecksumCalculationWhenRequired
+		o.ResponseChecksumValidation = aws.ResponseChecksumValidationWhenRequired
+	})
+	shown := endpoint
+	if shown == "" {
+		shown = "aws:" + awsCfg.Region
+	}
+	return &s3Store{client: client, bucket: bucket, endpoint: shown}, nil
+}
+
+// hostNeedsPathStyle: virtual-host addressing needs DNS for bucket.host,
+// which IP literals and localhost never have.
+func hostNeedsPathStyle(host string) bool {
+	return net.ParseIP(host) != nil || host == "localhost" || strings.HasSuffix(host, ".localhost")
+}
+
+// newHTTPClient builds a transport sized for many parallel ranged GETs to
+// one host: the default keeps only 2 idle connections per host, so parallel
+// readers would reconnect on every request.
+func newHTTPClient(maxConns int) *awshttp.BuildableClient {
+	if maxConns <= 0 {
+		maxConns = 64
+	}
+	return awshttp.NewBuildableClient().
+		WithDialerOptions(func(d *net.Dialer) {
+			d.Timeout = 10 * time.Second
+			d.KeepAlive = 30 * time.Second
+		}).
+		WithTransportOptions(func(t *http.Transport) {
+			t.MaxIdleConns = 2 * maxConns
+			t.MaxIdleConnsPerHost = maxConns
+			t.IdleConnTimeout = 90 * time.Second
+			t.ReadBufferSize = 256 << 10
+			t.ExpectContinueTimeout = 0
+		})
+}
+
+func (s *s3Store) String() string { return "s3://" + s.bucket + " at " + s.endpoint }
+
+func (s *s3Store) Close() error { return nil }
+
+func (s *s3Store) List(ctx context.Context, prefix string, fn func(Object) error) error {
+	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{
+		Bucket: aws.String(s.bucket),
+		Prefix: aws.String(prefix),
+	})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return s.mapErr(err, "list", prefix)
+		}
+		for _, o := range page.Contents {
+			obj := Object{Key: aws.ToString(o.Key), Size: aws.ToInt64(o.Size), ETag: aws.ToString(o.ETag)}
+			if o.LastModified != nil {
+				obj.ModTime = *o.LastModified
+			}
+			if err := fn(obj); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (s *s3Store) Stat(ctx context.Context, key string) (Object, error) {
+	out, err := s.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(s.bucket), Key: aws.String(key)})
+	if err != nil {
+		return Object{}, s.mapErr(err, "stat", key)
+	}
+	obj := Object{Key: key, Size: aws.ToInt64(out.ContentLength), ETag: aws.ToString(out.ETag)}
+	if out.LastModified != nil {
+		obj.ModTime = *out.LastModified
+	}
+	return obj, nil
+}
+
+func (s *s3Store) Open(ctx context.Context, key, etag string, off, n int64) (io.ReadCloser, error) {
+	in := &s3.GetObjectInput{
+		Bucket: aws.String(s.bucket),
+		Key:    aws.String(key),
+		Range:  aws.String(httpRange(off, n)),
+	}
+	if etag != "" {
+		in.IfMatch = aws.String(etag)
+	}
+	// Reader owns retries for every store alike.
+	out, err := s.client.GetObject(ctx, in, func(o *s3.Options) { o.RetryMaxAttempts = 1 })
+	if err != nil {
+		return nil, s.mapErr(err, "get", key)
+	}
+	if err := checkContentRange(aws.ToString(out.ContentRange), off); err != nil {
+		out.Body.Close()
+		return nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	return out.Body, nil
+}
+
+// httpRange is the Range header for n bytes from off.
+func httpRange(off, n int64) string {
+	return "bytes=" + strconv.FormatInt(off, 10) + "-" + strconv.FormatInt(off+n-1, 10)
+}
+
+// checkContentRange makes sure the server answered the range we asked for:
+// a server that ignored Range and sent the object from byte 0 must not be
+// taken for data at off.
+func checkContentRange(cr string, off int64) error {
+	if cr == "" {
+		if off == 0 {
+			return nil
+		}
+		return fmt.Errorf("server ignored the Range header (no Content-Range)")
+	}
+	rest, ok := strings.CutPrefix(cr, "bytes ")
+	dash := strings.IndexByte(rest, '-')
+	if !ok || dash < 0 {
+		return fmt.Errorf("malformed Content-Range %q", cr)
+	}
+	start, err := strconv.ParseInt(rest[:dash], 10, 64)
+	if err != nil || start != off {
+		return fmt.Errorf("Content-Range %q does not start at %d", cr, off)
+	}
+	return nil
+}
+
+// mapErr attaches the sentinel kind matching an S3 error.
+func (s *s3Store) mapErr(err error, op, key string) error {
+	wrapped := fmt.Errorf("s3 %s s3://%s/%s: %w", op, s.bucket, key, err)
+	var nsk *types.NoSuchKey
+	var nf *types.NotFound
+	var nsb *types.NoSuchBucket
+	switch {
+	case errors.As(err, &nsb):
+		return WithKind(ErrNoBucket, wrapped)
+	case errors.As(err, &nsk), errors.As(err, &nf):
+		return WithKind(ErrNotExist, wrapped)
+	}
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		switch ae.ErrorCode() {
+		case "NoSuchBucket":
+			return WithKind(ErrNoBucket, wrapped)
+		case "NoSuchKey", "NotFound":
+			return WithKind(ErrNotExist, wrapped)
+		case "PreconditionFailed":
+			return WithKind(ErrPrecondition, wrapped)
+		case "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken":
+			return WithKind(ErrAccess, wrapped)
+		}
+	}
+	var re *awshttp.ResponseError
+	if errors.As(err, &re) {
+		switch re.HTTPStatusCode() {
+		case http.StatusNotFound:
+			return WithKind(ErrNotExist, wrapped)
+		case http.StatusPreconditionFailed:
+			return WithKind(ErrPrecondition, wrapped)
+		case http.StatusForbidden, http.StatusUnauthorized:
+			return WithKind(ErrAccess, wrapped)
+		}
+	}
+	return wrapped
+}
+
+// throwawayRootPEM makes a self-signed certificate that trusts nothing real:
+// it only satisfies the SDK's CA-bundle loader when no TLS will be spoken.
+func throwawayRootPEM() ([]byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "modelfs placeholder (plain-HTTP endpoint)"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		IsCA:         true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+}
+
+func firstNonEmpty(v ...string) string {
+	for _, s := range v {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
+}

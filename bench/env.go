@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/modelfs/modelfs/internal/safetensors"
+	"github.com/modelfs/modelfs/internal/testenv"
+)
+
+// world is a server seeded with a model, and what to tear down.
+type world struct {
+	dir      string
+	srv      *testenv.S3Server
+	bucket   string
+	prefix   string // ends in "/"
+	files    []string
+	size     int64 // bytes of all objects
+	shards   []string
+	cleanups []func()
+}
+
+// newWorld starts versitygw in a temporary directory and seeds it with a
+// generated model of spec under s3://models/<name>/.
+func newWorld(name string, spec safetensors.Spec) (*world, error) {
+	dir, err := os.MkdirTemp("", "modelfs-bench-")
+	if err != nil {
+		return nil, err
+	}
+	w := &world{dir: dir, bucket: "models", prefix: name + "/"}
+	w.defer_(func() { os.RemoveAll(dir) })
+	// Tear down on Ctrl-C too: a mount or server left behind would outlive us.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		w.close()
+		os.Exit(130)
+	}()
+	w.srv, err = testenv.StartS3(filepath.Join(dir, "s3"))
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+	w.defer_(w.srv.Stop)
+	fmt.Printf("versitygw serving %s\n", w.srv.Endpoint)
+	start := time.Now()
+	local := filepath.Join(dir, "model")
+	if _, err := safetensors.Generate(local, spec); err != nil {
+		w.close()
+		return nil, err
+	}
+	ctx := context.Background()
+	if err := w.srv.CreateBucket(ctx, w.bucket); err != nil {
+		w.close()
+		return nil, err
+	}
+	if err := w.srv.PutDir(ctx, w.bucket, w.prefix, local); err != nil {
+		w.close()
+		return nil, err
+	}
+	ents, _ := os.ReadDir(local)
+	for _, e := range ents {
+		info, _ := e.Info()
+		w.files = append(w.files, e.Name())
+		w.size += info.Size()
+		if strings.HasSuffix(e.Name(), ".safetensors") {
+			w.shards = append(w.shards, e.Name())
+		}
+	}
+	os.RemoveAll(local)
+	fmt.Printf("seeded s3://%s/%s: %d files, %s, in %.1f s\n", w.bucket, w.prefix, len(w.files),
+		mib(w.size), time.Since(start).Seconds())
+	return w, nil
+}
+
+func (w *world) uri() string { return "s3://" + w.bucket + "/" + strings.TrimSuffix(w.prefix, "/") }
+
+func (w *world) defer_(f func()) { w.cleanups = append(w.cleanups, f) }
+
+// close runs the cleanups, newest first.
+func (w *world) close() {
+	for i := len(w.cleanups) - 1; i >= 0; i-- {
+		w.cleanups[i]()
+	}
+	w.cleanups = nil
+}
+
+// mount starts a modelfs daemon on a new mountpoint with extra flags.
+func (w *world) mount(extra ...string) (*testenv.Daemon, error) {
+	mnt, err := os.MkdirTemp(w.dir, "mnt-")
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{"--endpoint", w.srv.Endpoint}, extra...)
+	args = append(args, w.uri(), mnt)
+	d, err := testenv.StartDaemon(w.srv.Env(), time.Minute, args...)
+	if err != nil {
+		return nil, err
+	}
+	w.defer_(func() {
+		if d.Stop(10*time.Second) != nil {
+			syscall.Unmount(mnt, syscall.MNT_DETACH)
+		}
+	})
+	return d, nil
+}
+
+func (w *world) shardPaths(dir string) []string {
+	var ps []string
+	for _, s := range w.shards {
+		ps = append(ps, filepath.Join(dir, s))
+	}
+	return ps
+}
+
+func mib(n int64) string {
+	if n >= 1<<30 {
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+// mounted reports whether dir is a mount point, from /proc/self/mountinfo.
+func mounted(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && f[4] == dir {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/modelfs/modelfs/backend"
+)
+
+// storeFlags select and reach the object store.
+var storeFlags = []cli.Flag{
+	&cli.StringFlag{Name: "endpoint", Usage: "object store URL (default: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL for s3://, " +
+		"TOS_ENDPOINT for tos://, else the store's public endpoint)"},
+	&cli.StringFlag{Name: "region", Usage: "region (default: AWS_REGION or the shared config for s3://, TOS_REGION for tos://)"},
+	&cli.BoolFlag{Name: "force-path-style", Usage: "address buckets as ENDPOINT/BUCKET (automatic for IP and localhost endpoints)"},
+}
+
+// openStore connects to the store loc names. Credentials come from each
+// SDK's standard chain, never from flags.
+func openStore(ctx context.Context, c *cli.Context, loc backend.Location, conns int) (backend.Store, error) {
+	return backend.Open(ctx, loc, backend.Config{
+		Endpoint:       c.String("endpoint"),
+		Region:         c.String("region"),
+		ForcePathStyle: c.Bool("force-path-style"),
+		MaxConns:       conns,
+	})
+}
+
+// explain turns a store error into a message that names the cause.
+func explain(err error, loc backend.Location, store backend.Store) error {
+	var ne net.Error
+	switch {
+	case errors.Is(err, backend.ErrNoBucket):
+		return fmt.Errorf("bucket %q does not exist (%s): %w", loc.Bucket, store, err)
+	case errors.Is(err, backend.ErrAccess):
+		return fmt.Errorf("the store refused the credentials or the request for %s (%s): %w", loc, store, err)
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne):
+		return fmt.Errorf("cannot reach the object store (%s): %w", store, err)
+	}
+	return fmt.Errorf("%s: %w", loc, err)
+}
+
+// parseSize reads a byte size: a plain number of bytes or a number with
+// K, M, G or T (powers of 1024; "KiB", "KB" and "k" mean the same).
+func parseSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	i := 0
+	for i < len(t) && (t[i] >= '0' && t[i] <= '9') {
+		i++
+	}
+	n, err := strconv.ParseInt(t[:i], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: want a number of bytes, optionally with K, M, G or T", s)
+	}
+	shift := 0
+	switch strings.ToUpper(strings.TrimSuffix(strings.TrimSuffix(strings.TrimSpace(t[i:]), "B"), "i")) {
+	case "":
+	case "K":
+		shift = 10
+	case "M":
+		shift = 20
+	case "G":
+		shift = 30
+	case "T":
+		shift = 40
+	default:
+		return 0, fmt.Errorf("size %q: unknown unit %q (want K, M, G or T)", s, t[i:])
+	}
+	if n > (1<<62)>>shift {
+		return 0, fmt.Errorf("size %q is too large", s)
+	}
+	return n << shift, nil
+}

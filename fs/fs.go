@@ -1,0 +1,199 @@
+// Package fs presents a listed bucket prefix as a read-only FUSE file
+// system (go-fuse v2). The tree is listed once, before mounting, and built
+// into persistent inodes; file contents come from a prefetch.Fetcher, whose
+// chunk buffers go to the kernel without a copy: a reply holds references
+// on its chunks until go-fuse has written it (see reply).
+//
+// The kernel caches everything it is told: entries, attributes and negative
+// lookups live for Options.Timeout and open files keep their page cache
+// (FOPEN_KEEP_CACHE), so a second load never reaches this process.
+package fs
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/modelfs/modelfs/backend"
+	"github.com/modelfs/modelfs/prefetch"
+)
+
+// blockSize is the st_blksize files report: tools like cat and cp size
+// their reads by it, and 1 MiB matches the largest FUSE read.
+const blockSize = 1 << 20
+
+type root struct {
+	dir
+	tree    *Tree
+	fetcher *prefetch.Fetcher
+	files   []*prefetch.File
+}
+
+type dir struct {
+	gofs.Inode
+	mtime time.Time
+}
+
+type file struct {
+	gofs.Inode
+	f       *prefetch.File
+	fetcher *prefetch.Fetcher
+}
+
+var (
+	_ = (gofs.NodeOnAdder)((*root)(nil))
+	_ = (gofs.NodeStatfser)((*root)(nil))
+	_ = (gofs.NodeGetattrer)((*dir)(nil))
+	_ = (gofs.NodeGetattrer)((*file)(nil))
+	_ = (gofs.NodeOpener)((*file)(nil))
+	_ = (gofs.NodeReader)((*file)(nil))
+)
+
+func newRoot(t *Tree, f *prefetch.Fetcher) *root {
+	r := &root{tree: t, fetcher: f}
+	r.mtime = t.Root.ModTime
+	Walk(t.Root, func(p string, e *Entry) {
+		if !e.IsDir() {
+			r.files = append(r.files, f.File(p, *e.Obj))
+		}
+	})
+	return r
+}
+
+// OnAdd builds the whole tree as persistent inodes.
+func (r *root) OnAdd(ctx context.Context) {
+	i := 0 // r.files is in Walk order
+	var add func(p *gofs.Inode, e *Entry)
+	add = func(p *gofs.Inode, e *Entry) {
+		for _, c := range e.Sorted() {
+			if c.IsDir() {
+				d := &dir{mtime: c.ModTime}
+				ch := p.NewPersistentInode(ctx, d, gofs.StableAttr{Mode: fuse.S_IFDIR})
+				p.AddChild(c.Name, ch, false)
+				add(ch, c)
+				continue
+			}
+			n := &file{f: r.files[i], fetcher: r.fetcher}
+			i++
+			p.AddChild(c.Name, p.NewPersistentInode(ctx, n, gofs.StableAttr{Mode: fuse.S_IFREG}), false)
+		}
+	}
+	add(&r.Inode, r.tree.Root)
+}
+
+func (r *root) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	out.Bsize = blockSize
+	out.Frsize = blockSize
+	out.Blocks = uint64((r.tree.Bytes + blockSize - 1) / blockSize)
+	out.Files = uint64(r.tree.Files)
+	out.NameLen = 255
+	return 0
+}
+
+func (d *dir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = fuse.S_IFDIR | 0o555
+	out.Nlink = 2
+	setTimes(&out.Attr, d.mtime)
+	return 0
+}
+
+func (n *file) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	obj := n.f.Obj
+	out.Mode = fuse.S_IFREG | 0o444
+	out.Nlink = 1
+	out.Size = uint64(obj.Size)
+	out.Blocks = (out.Size + 511) / 512
+	out.Blksize = blockSize
+	setTimes(&out.Attr, obj.ModTime)
+	return 0
+}
+
+func setTimes(a *fuse.Attr, t time.Time) {
+	if t.IsZero() {
+		return
+	}
+	s, ns := uint64(t.Unix()), uint32(t.Nanosecond())
+	a.Mtime, a.Atime, a.Ctime = s, s, s
+	a.Mtimensec, a.Atimensec, a.Ctimensec = ns, ns, ns
+}
+
+// Open keeps the kernel's page cache across opens: the contents of a
+// listed object version never change.
+func (n *file) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC|syscall.O_APPEND) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	return nil, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+func (n *file) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	spans, err := n.fetcher.Read(ctx, n.f, off, len(dest))
+	if err != nil {
+		e := errno(err)
+		if e != syscall.EINTR {
+			slog.Warn("read failed", "file", n.f.Name, "offset", off, "size", len(dest), "errno", e.Error(), "err", err)
+		}
+		return nil, e
+	}
+	return &reply{fetcher: n.fetcher, f: n.f, spans: spans}, 0
+}
+
+// reply answers a read straight from chunk buffers. go-fuse writes the
+// slices with writev after Read returns and then calls Done, which is when
+// the chunks may be released: until then the kernel has not copied them.
+type reply struct {
+	fetcher *prefetch.Fetcher
+	f       *prefetch.File
+	spans   []prefetch.Span
+}
+
+func (r *reply) Size() int {
+	n := 0
+	for _, s := range r.spans {
+		n += s.To - s.From
+	}
+	return n
+}
+
+// Slices lets go-fuse write the chunk slices without copying them.
+func (r *reply) Slices() ([][]byte, fuse.Status) {
+	v := make([][]byte, len(r.spans))
+	for i, s := range r.spans {
+		v[i] = s.Bytes()
+	}
+	return v, fuse.OK
+}
+
+// Bytes is the fallback when go-fuse cannot write slices.
+func (r *reply) Bytes(buf []byte) ([]byte, fuse.Status) {
+	buf = buf[:0]
+	for _, s := range r.spans {
+		buf = append(buf, s.Bytes()...)
+	}
+	return buf, fuse.OK
+}
+
+func (r *reply) Done() {
+	r.fetcher.Delivered(r.f, r.spans)
+	r.spans = nil
+}
+
+// errno maps a read error to the status a reader sees, in one place: an
+// object replaced or deleted since it was listed is stale, an interrupted
+// wait is EINTR, and everything else is an I/O error.
+func errno(err error) syscall.Errno {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, backend.ErrPrecondition), errors.Is(err, backend.ErrNotExist):
+		return syscall.ESTALE
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return syscall.EINTR
+	}
+	return syscall.EIO
+}

@@ -1,0 +1,322 @@
+// Package prefetch moves object bytes into the chunk cache ahead of the
+// readers, and fetches what they miss.
+//
+// Every GET goes through one gate of Concurrency slots, handed out by
+// priority: a reader's miss (Demand) first, then readahead for a sequential
+// stream (Readahead), then background pulls of a whole model (Eager). A
+// fetch that a reader starts waiting for is promoted to Demand while it
+// queues. Readahead and eager pulls group consecutive chunks into GETs of
+// PartSize bytes; a demand miss fetches just the chunk it needs.
+//
+// How far ahead anything runs is bounded by the cache's window: a pull
+// claims window room for each chunk before fetching it, readahead gives up
+// when there is none, and an eager pull waits for readers to consume what
+// it fetched earlier. So a model much larger than the cache streams through
+// it without evicting bytes a reader has not read yet.
+package prefetch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/modelfs/modelfs/backend"
+	"github.com/modelfs/modelfs/cache"
+)
+
+// Config tunes a Fetcher.
+type Config struct {
+	// PartSize is the size of readahead and eager GETs, rounded to whole
+	// chunks (at least one).
+	PartSize int64
+	// Concurrency bounds the GETs in flight.
+	Concurrency int
+	// MaxReadahead bounds how far ahead of one stream readahead runs, in
+	// bytes; 0 means half the cache window.
+	MaxReadahead int64
+}
+
+// Stats counts what a Fetcher did; fields are updated atomically.
+type Stats struct {
+	DemandFetches    atomic.Int64 // GETs for chunks a reader missed
+	ReadaheadFetches atomic.Int64 // GETs started by stream readahead
+	EagerFetches     atomic.Int64 // GETs started by eager pulls
+	Promotions       atomic.Int64 // queued fetches a reader was waiting on
+	BytesServed      atomic.Int64 // bytes delivered to readers
+}
+
+// Fetcher fills the chunk cache from a store. It is safe for concurrent use.
+type Fetcher struct {
+	cache  *cache.Cache
+	reader *backend.Reader
+	gate   *gate
+	cfg    Config
+
+	Stats Stats
+
+	ctx    context.Context // fetches outlive the requests that start them
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	pending map[cache.Key]*ticket // claimed chunks whose GET waits for a slot
+}
+
+// New returns a Fetcher filling c through r.
+func New(c *cache.Cache, r *backend.Reader, cfg Config) *Fetcher {
+	if cfg.Concurrency < 1 {
+		cfg.Concurrency = 1
+	}
+	cfg.PartSize = max(cfg.PartSize/c.ChunkSize(), 1) * c.ChunkSize()
+	if cfg.MaxReadahead <= 0 {
+		cfg.MaxReadahead = c.WindowMax() / 2
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Fetcher{cache: c, reader: r, gate: newGate(cfg.Concurrency), cfg: cfg,
+		ctx: ctx, cancel: cancel, pending: make(map[cache.Key]*ticket)}
+}
+
+// Config returns the settings in effect (after rounding).
+func (f *Fetcher) Config() Config { return f.cfg }
+
+// Close stops all fetches and waits for them. Chunks they were filling
+// fail with context.Canceled.
+func (f *Fetcher) Close() {
+	f.cancel()
+	f.wg.Wait()
+}
+
+// File is the fetch state of one object version: its stream detector and
+// which chunks have been delivered to readers. Get one per object from
+// Fetcher.File and share it between all opens.
+type File struct {
+	Name string // path inside the mount, for logs and eager ordering
+	Obj  backend.Object
+	id   string
+
+	mu        sync.Mutex
+	streams   streams
+	delivered []uint64 // bitmap of chunks some reader has been served from
+}
+
+// File returns the fetch state for obj, shown to readers as name.
+func (f *Fetcher) File(name string, obj backend.Object) *File {
+	return &File{Name: name, Obj: obj, id: obj.Key + "\x00" + obj.ETag}
+}
+
+func (f *Fetcher) key(file *File, c int64) cache.Key { return cache.Key{Object: file.id, Index: c} }
+
+// chunkLen is the byte length of chunk c of file.
+func (f *Fetcher) chunkLen(file *File, c int64) int {
+	cs := f.cache.ChunkSize()
+	return int(min(cs, file.Obj.Size-c*cs))
+}
+
+func (f *Fetcher) lastChunk(file *File) int64 {
+	return (file.Obj.Size - 1) / f.cache.ChunkSize()
+}
+
+// Span is the part [From, To) of a chunk's data that answers a read.
+type Span struct {
+	Chunk    *cache.Chunk
+	From, To int
+}
+
+// Bytes is the span's data.
+func (s Span) Bytes() []byte { return s.Chunk.Data()[s.From:s.To] }
+
+// Read returns the chunks holding bytes [off, off+n) of file, clamped at
+// EOF, fetching what is missing, and starts readahead when the read
+// continues a stream. The caller owns one reference per span: it passes
+// them to Delivered once the bytes have reached the reader, or to Release.
+// ctx ends the wait, never a fetch other readers may share.
+func (f *Fetcher) Read(ctx context.Context, file *File, off int64, n int) ([]Span, error) {
+	spans, err := f.read(ctx, file, off, n, cache.Demand)
+	if err != nil || len(spans) == 0 {
+		return spans, err
+	}
+	last := spans[len(spans)-1].Chunk.Key().Index
+	maxChunks := f.cfg.MaxReadahead / f.cache.ChunkSize()
+	file.mu.Lock()
+	from, to := file.streams.access(last, maxChunks, f.lastChunk(file))
+	file.mu.Unlock()
+	if from < to {
+		f.pull(file, chunkRange(from, to), cache.Readahead, false)
+	}
+	for _, s := range spans {
+		if err := f.wait(ctx, s.Chunk); err != nil {
+			Release(spans)
+			return nil, err
+		}
+	}
+	return spans, nil
+}
+
+// read claims the chunks for [off, off+n) at class, starting a GET for each
+// one missing, and returns them unwaited.
+func (f *Fetcher) read(ctx context.Context, file *File, off int64, n int, class cache.Class) ([]Span, error) {
+	end := min(off+int64(n), file.Obj.Size)
+	if off < 0 || off >= end {
+		return nil, nil
+	}
+	cs := f.cache.ChunkSize()
+	var spans []Span
+	for c := off / cs; c*cs < end; c++ {
+		ch, fill, err := f.cache.Claim(ctx, f.key(file, c), class, true)
+		if err != nil {
+			Release(spans)
+			return nil, err
+		}
+		if fill {
+			f.Stats.DemandFetches.Add(1)
+			f.fetch(file, []*cache.Chunk{ch.Ref()}, class)
+		}
+		from := max(off, c*cs) - c*cs
+		to := min(end, (c+1)*cs) - c*cs
+		spans = append(spans, Span{Chunk: ch, From: int(from), To: int(to)})
+	}
+	return spans, nil
+}
+
+// wait waits for ch, first promoting its queued GET if it has one.
+func (f *Fetcher) wait(ctx context.Context, ch *cache.Chunk) error {
+	if ch.Ready() {
+		return ch.Wait(ctx)
+	}
+	f.mu.Lock()
+	t := f.pending[ch.Key()]
+	f.mu.Unlock()
+	if t != nil {
+		f.Stats.Promotions.Add(1)
+		f.gate.promote(t, cache.Demand)
+	}
+	return ch.Wait(ctx)
+}
+
+// Delivered records that spans reached a reader and releases them.
+func (f *Fetcher) Delivered(file *File, spans []Span) {
+	file.mu.Lock()
+	for _, s := range spans {
+		c := s.Chunk.Key().Index
+		for int64(len(file.delivered)) <= c/64 {
+			file.delivered = append(file.delivered, 0)
+		}
+		file.delivered[c/64] |= 1 << (c % 64)
+	}
+	file.mu.Unlock()
+	for _, s := range spans {
+		f.Stats.BytesServed.Add(int64(s.To - s.From))
+		s.Chunk.Served(s.From, s.To)
+		s.Chunk.Release()
+	}
+}
+
+func (file *File) wasDelivered(c int64) bool {
+	file.mu.Lock()
+	defer file.mu.Unlock()
+	return c/64 < int64(len(file.delivered)) && file.delivered[c/64]&(1<<(c%64)) != 0
+}
+
+// Release drops the references of spans that will not be delivered.
+func Release(spans []Span) {
+	for _, s := range spans {
+		s.Chunk.Release()
+	}
+}
+
+func chunkRange(from, to int64) []int64 {
+	cs := make([]int64, 0, to-from)
+	for c := from; c < to; c++ {
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+// pull fetches the listed chunks of file at class, in order, skipping
+// those already cached or already delivered to a reader. Consecutive
+// chunks share a GET of up to PartSize. Without wait, pull stops at the
+// first chunk the window has no room for; with wait, it waits for room.
+func (f *Fetcher) pull(file *File, chunks []int64, class cache.Class, wait bool) error {
+	per := int(f.cfg.PartSize / f.cache.ChunkSize())
+	var run []*cache.Chunk
+	flush := func() {
+		if len(run) > 0 {
+			if class == cache.Eager {
+				f.Stats.EagerFetches.Add(1)
+			} else {
+				f.Stats.ReadaheadFetches.Add(1)
+			}
+			f.fetch(file, run, class)
+			run = nil
+		}
+	}
+	defer flush()
+	for _, c := range chunks {
+		if len(run) > 0 && (run[len(run)-1].Key().Index != c-1 || len(run) == per) {
+			flush()
+		}
+		if file.wasDelivered(c) {
+			continue
+		}
+		k := f.key(file, c)
+		ch, fill, err := f.cache.Claim(f.ctx, k, class, false)
+		if errors.Is(err, cache.ErrWindowFull) {
+			if !wait {
+				return err
+			}
+			flush() // the chunks we hold must be on their way before we wait
+			ch, fill, err = f.cache.Claim(f.ctx, k, class, true)
+		}
+		if err != nil {
+			return err
+		}
+		if !fill {
+			ch.Release()
+			continue
+		}
+		run = append(run, ch)
+	}
+	return nil
+}
+
+// fetch starts one GET that fills chunks, consecutive chunks of file the
+// caller claimed for filling; it takes over the caller's references.
+func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class) {
+	t := newTicket(class)
+	f.mu.Lock()
+	for _, ch := range chunks {
+		f.pending[ch.Key()] = t
+	}
+	f.mu.Unlock()
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		err := f.gate.acquire(f.ctx, t)
+		f.mu.Lock()
+		for _, ch := range chunks {
+			delete(f.pending, ch.Key())
+		}
+		f.mu.Unlock()
+		filled := 0
+		if err == nil {
+			bufs := make([][]byte, len(chunks))
+			for i, ch := range chunks {
+				bufs[i] = ch.Buffer()[:f.chunkLen(file, ch.Key().Index)]
+			}
+			off := chunks[0].Key().Index * f.cache.ChunkSize()
+			err = f.reader.ReadVec(f.ctx, file.Obj, off, bufs, func(i int) {
+				chunks[i].Fill(len(bufs[i]), nil)
+				filled++
+			})
+			f.gate.release()
+		}
+		for _, ch := range chunks[filled:] {
+			ch.Fill(0, fmt.Errorf("fetch %s: %w", file.Name, err))
+		}
+		for _, ch := range chunks {
+			ch.Release()
+		}
+	}()
+}
