@@ -255,7 +255,8 @@ func (s *s3Store) mapErr(err error, op, key string) error {
 			return WithKind(ErrNotExist, wrapped)
 		case "PreconditionFailed":
 			return WithKind(ErrPrecondition, wrapped)
-		case "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken":
+		case "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken",
+			"XAdminUserNotFound": // versitygw's answer to an unknown access key
 			return WithKind(ErrAccess, wrapped)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -34,9 +35,17 @@ type root struct {
 	files   []*prefetch.File
 }
 
+// Stats counts metadata operations that reached this process; the kernel
+// answers repeats from its caches.
+type Stats struct {
+	Lookups         atomic.Int64
+	NegativeLookups atomic.Int64 // lookups of names that do not exist
+}
+
 type dir struct {
 	gofs.Inode
 	mtime time.Time
+	stats *Stats
 }
 
 type file struct {
@@ -49,6 +58,7 @@ var (
 	_ = (gofs.NodeOnAdder)((*root)(nil))
 	_ = (gofs.NodeStatfser)((*root)(nil))
 	_ = (gofs.NodeGetattrer)((*dir)(nil))
+	_ = (gofs.NodeLookuper)((*dir)(nil))
 	_ = (gofs.NodeGetattrer)((*file)(nil))
 	_ = (gofs.NodeOpener)((*file)(nil))
 	_ = (gofs.NodeReader)((*file)(nil))
@@ -57,6 +67,7 @@ var (
 func newRoot(t *Tree, f *prefetch.Fetcher) *root {
 	r := &root{tree: t, fetcher: f}
 	r.mtime = t.Root.ModTime
+	r.stats = new(Stats)
 	Walk(t.Root, func(p string, e *Entry) {
 		if !e.IsDir() {
 			r.files = append(r.files, f.File(p, *e.Obj))
@@ -72,7 +83,7 @@ func (r *root) OnAdd(ctx context.Context) {
 	add = func(p *gofs.Inode, e *Entry) {
 		for _, c := range e.Sorted() {
 			if c.IsDir() {
-				d := &dir{mtime: c.ModTime}
+				d := &dir{mtime: c.ModTime, stats: r.stats}
 				ch := p.NewPersistentInode(ctx, d, gofs.StableAttr{Mode: fuse.S_IFDIR})
 				p.AddChild(c.Name, ch, false)
 				add(ch, c)
@@ -93,6 +104,22 @@ func (r *root) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	out.Files = uint64(r.tree.Files)
 	out.NameLen = 255
 	return 0
+}
+
+// Lookup answers from the tree built at mount. A miss is answered with
+// ENOENT, which the kernel caches for the negative timeout.
+func (d *dir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	d.stats.Lookups.Add(1)
+	ch := d.GetChild(name)
+	if ch == nil {
+		d.stats.NegativeLookups.Add(1)
+		return nil, syscall.ENOENT
+	}
+	var a fuse.AttrOut
+	if ga, ok := ch.Operations().(gofs.NodeGetattrer); ok && ga.Getattr(ctx, nil, &a) == 0 {
+		out.Attr = a.Attr
+	}
+	return ch, 0
 }
 
 func (d *dir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {

@@ -121,6 +121,9 @@ func MountTree(dir string, t *Tree, f *prefetch.Fetcher, o Options) (*Mount, err
 	return m, nil
 }
 
+// Stats are the mount's metadata counters.
+func (m *Mount) Stats() *Stats { return m.root.stats }
+
 // Files is the fetch state of every file, in path order.
 func (m *Mount) Files() []*prefetch.File { return m.root.files }
 

@@ -202,7 +202,7 @@ func runMount(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if !m.Wait(3 * time.Second) {
+	if !m.Wait(time.Second) {
 		slog.Info("files still open; the kernel ends the connection when this process exits")
 	}
 	slog.Info("stopped")

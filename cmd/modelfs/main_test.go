@@ -1,0 +1,250 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelfs/modelfs/internal/testenv"
+)
+
+// These tests run the modelfs binary, built from this package by TestMain,
+// against a real versitygw.
+var (
+	srv *testenv.S3Server
+	bin string
+)
+
+const bucket = "cli-test"
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("cmd tests mount FUSE file systems and need root; skipping")
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "modelfs-cmd-test-")
+	if err != nil {
+		panic(err)
+	}
+	code := func() int {
+		defer os.RemoveAll(dir)
+		bin = filepath.Join(dir, "modelfs")
+		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build modelfs: %v\n%s", err, out)
+			return 1
+		}
+		os.Setenv("MODELFS_BIN", bin)
+		srv, err = testenv.StartS3(filepath.Join(dir, "s3"))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer srv.Stop()
+		ctx := context.Background()
+		if err := srv.CreateBucket(ctx, bucket); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		for key, data := range map[string]string{
+			"model/config.json":         `{"a": 1}`,
+			"model/weights.safetensors": strings.Repeat("w", 3<<20+5),
+			"model/sub/tokenizer.json":  `{}`,
+		} {
+			if err := srv.Put(ctx, bucket, key, []byte(data)); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// run runs the binary with the test server's credentials plus extra
+// environment and returns its exit code and output.
+func run(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(srv.Env(), env...)
+	var o, e strings.Builder
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		t.Fatal(err)
+	}
+	return code, o.String(), e.String()
+}
+
+func isMounted(dir string) bool {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+			return true
+		}
+	}
+	return false
+}
+
+func TestBadInputFailsBeforeMounting(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "a-file")
+	os.WriteFile(file, nil, 0o644)
+	uri := "s3://" + bucket + "/model"
+	ep := []string{"--endpoint", srv.Endpoint}
+	cases := []struct {
+		name string
+		env  []string
+		args []string // before URI MOUNTPOINT; nil URI means use uri
+		uri  string
+		mnt  string
+		want string
+	}{
+		{name: "scheme", uri: "gs://bucket/m", want: `unsupported URI scheme "gs"`},
+		{name: "no scheme", uri: "bucket/m", want: "invalid model URI"},
+		{name: "no bucket", uri: "s3://", want: "missing bucket name"},
+		{name: "bad bucket", uri: "s3://Bad_Bucket/m", want: "bucket name"},
+		{name: "double slash", uri: "s3://bucket/a//b", want: "empty path element"},
+		{name: "missing mountpoint", args: ep, mnt: "/nonexistent/mnt", want: "mountpoint /nonexistent/mnt does not exist"},
+		{name: "file mountpoint", args: ep, mnt: file, want: "is not a directory"},
+		{name: "missing bucket", args: ep, uri: "s3://no-such-bucket/m", want: `bucket "no-such-bucket" does not exist`},
+		{name: "empty prefix", args: ep, uri: "s3://" + bucket + "/nothing-here", want: "no objects under s3://" + bucket + "/nothing-here/"},
+		{name: "refused credentials", args: ep, env: []string{"AWS_SECRET_ACCESS_KEY=wrong-secret"}, want: "refused the credentials"},
+		{name: "unknown access key", args: ep, env: []string{"AWS_ACCESS_KEY_ID=nobody"}, want: "refused the credentials"},
+		{name: "unreachable endpoint", args: []string{"--endpoint", "http://127.0.0.1:1"}, want: "cannot reach the object store"},
+		{name: "endpoint scheme", args: []string{"--endpoint", "ftp://127.0.0.1:1"}, want: "invalid S3 endpoint"},
+		{name: "max-io-queue", args: append([]string{"--max-io-queue", "1"}, ep...), want: "--max-io-queue 1"},
+		{name: "io-chunksize unit", args: []string{"--io-chunksize", "8 parsecs"}, want: "--io-chunksize"},
+		{name: "io-chunksize range", args: []string{"--io-chunksize", "1000"}, want: "--io-chunksize 1000"},
+		{name: "io-chunksize env", env: []string{"DOWNLOADER_S3_IO_CHUNKSIZE=12345"}, want: "--io-chunksize 12345"},
+		{name: "read-ahead-kb", args: []string{"--read-ahead-kb", "-1"}, want: "--read-ahead-kb -1"},
+		{name: "concurrency", args: []string{"--concurrency", "0"}, want: "--concurrency 0"},
+		{name: "part-size", args: []string{"--part-size", "4K"}, want: "--part-size 4K"},
+		{name: "log-level", args: []string{"--log-level", "loud"}, want: `--log-level "loud"`},
+		{name: "log-format", args: []string{"--log-format", "xml"}, want: `--log-format "xml"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mnt := c.mnt
+			if mnt == "" {
+				mnt = t.TempDir()
+			}
+			u := c.uri
+			if u == "" {
+				u = uri
+			}
+			args := append(append([]string{"mount"}, c.args...), u, mnt)
+			code, _, stderr := run(t, c.env, args...)
+			if code == 0 {
+				t.Fatalf("modelfs %q exited 0", args)
+			}
+			if !strings.Contains(stderr, c.want) {
+				t.Errorf("stderr %q does not say %q", stderr, c.want)
+			}
+			if strings.Contains(stderr, testenv.SecretKey) || strings.Contains(stderr, "wrong-secret") {
+				t.Errorf("stderr shows a secret: %q", stderr)
+			}
+			if isMounted(mnt) {
+				syscall.Unmount(mnt, syscall.MNT_DETACH)
+				t.Errorf("%s left mounted", mnt)
+			}
+		})
+	}
+	t.Run("argument count", func(t *testing.T) {
+		code, _, stderr := run(t, nil, "mount", uri)
+		if code == 0 || !strings.Contains(stderr, "mount needs URI and MOUNTPOINT") {
+			t.Errorf("exit %d, stderr %q", code, stderr)
+		}
+	})
+}
+
+// TestSIGTERMWithFileHeldOpen: the daemon unmounts and exits 0 promptly
+// even while a reader holds a file open.
+func TestSIGTERMWithFileHeldOpen(t *testing.T) {
+	mnt := t.TempDir()
+	d, err := testenv.StartDaemon(srv.Env(), 30*time.Second, "--endpoint", srv.Endpoint, "--log-level", "debug",
+		"s3://"+bucket+"/model", mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Kill()
+	f, err := os.Open(filepath.Join(mnt, "weights.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	if n, err := f.Read(buf); err != nil || n == 0 || buf[0] != 'w' {
+		t.Fatalf("read through the mount: %d, %v", n, err)
+	}
+	start := time.Now()
+	if err := d.Stop(5 * time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	t.Logf("stopped in %v", time.Since(start))
+	if isMounted(mnt) {
+		syscall.Unmount(mnt, syscall.MNT_DETACH)
+		t.Fatal("still mounted after exit")
+	}
+	// The held file is cut off, not hung.
+	if _, err := f.ReadAt(buf, 2<<20); err == nil {
+		t.Error("read from the held file after shutdown succeeded")
+	}
+	if log := d.Log(); strings.Contains(log, testenv.SecretKey) {
+		t.Errorf("log shows the secret key:\n%s", log)
+	}
+}
+
+func TestLsCatVersion(t *testing.T) {
+	ep := []string{"--endpoint", srv.Endpoint}
+	code, out, stderr := run(t, nil, append(append([]string{"ls"}, ep...), "s3://"+bucket+"/model")...)
+	if code != 0 {
+		t.Fatalf("ls: exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"config.json", "sub/", "sub/tokenizer.json", fmt.Sprint(3<<20 + 5), "3 files"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ls output lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, stderr = run(t, nil, append(append([]string{"cat"}, ep...), "s3://"+bucket+"/model/weights.safetensors")...)
+	if code != 0 || out != strings.Repeat("w", 3<<20+5) {
+		t.Errorf("cat: exit %d, %d bytes, %s", code, len(out), stderr)
+	}
+	code, _, stderr = run(t, nil, append(append([]string{"cat"}, ep...), "s3://"+bucket+"/model/")...)
+	if code == 0 || !strings.Contains(stderr, "not of a prefix") {
+		t.Errorf("cat of a prefix: exit %d, %s", code, stderr)
+	}
+	code, _, stderr = run(t, nil, append(append([]string{"cat"}, ep...), "s3://"+bucket+"/model/missing")...)
+	if code == 0 || !strings.Contains(stderr, "does not exist") {
+		t.Errorf("cat of a missing key: exit %d, %s", code, stderr)
+	}
+	code, out, _ = run(t, nil, "version")
+	if code != 0 || !strings.HasPrefix(out, "modelfs ") {
+		t.Errorf("version: exit %d, %q", code, out)
+	}
+	code, out, _ = run(t, nil, "mount", "--help")
+	if code != 0 || !strings.Contains(out, "--max-io-queue") || !strings.Contains(out, "DOWNLOADER_S3_IO_CHUNKSIZE") {
+		t.Errorf("mount --help: exit %d:\n%s", code, out)
+	}
+}
+
+// TestCABundleIgnoredForHTTP: AWS_CA_BUNDLE (set in this environment) must
+// not stop a plain-HTTP endpoint from working, even when it names no file.
+func TestCABundleIgnoredForHTTP(t *testing.T) {
+	for _, bundle := range []string{"/etc/ssl/certs/ca-certificates.crt", "/nonexistent/ca.pem"} {
+		code, out, stderr := run(t, []string{"AWS_CA_BUNDLE=" + bundle}, "ls", "--endpoint", srv.Endpoint, "s3://"+bucket+"/model")
+		if code != 0 || !strings.Contains(out, "config.json") {
+			t.Errorf("AWS_CA_BUNDLE=%s: exit %d: %s", bundle, code, stderr)
+		}
+	}
+}

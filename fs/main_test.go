@@ -1,0 +1,171 @@
+package fs_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelfs/modelfs/backend"
+	"github.com/modelfs/modelfs/cache"
+	"github.com/modelfs/modelfs/fs"
+	"github.com/modelfs/modelfs/internal/safetensors"
+	"github.com/modelfs/modelfs/internal/testenv"
+	"github.com/modelfs/modelfs/prefetch"
+)
+
+// srv is the versitygw every test in this package talks to; each test uses
+// buckets of its own.
+var srv *testenv.S3Server
+
+// loaderEnv makes the test binary act as a loader process: it loads (and
+// verifies) the files listed in the variable and prints the result. A
+// process must never page-fault on a FUSE mount it serves itself.
+const loaderEnv = "MODELFS_TEST_LOAD"
+
+func TestMain(m *testing.M) {
+	if files := os.Getenv(loaderEnv); files != "" {
+		var total safetensors.LoadResult
+		for _, f := range strings.Split(files, "\n") {
+			r, err := safetensors.Load(f, true)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				os.Exit(1)
+			}
+			total.Tensors += r.Tensors
+			total.Bytes += r.Bytes
+		}
+		json.NewEncoder(os.Stdout).Encode(total)
+		os.Exit(0)
+	}
+	if os.Geteuid() != 0 {
+		fmt.Println("fs tests mount FUSE file systems and need root; skipping")
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "modelfs-fs-test-")
+	if err != nil {
+		panic(err)
+	}
+	srv, err = testenv.StartS3(dir + "/s3")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	srv.Stop()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+var buckets atomic.Int64
+
+// newBucket creates a bucket of the test's own.
+func newBucket(t *testing.T) string {
+	t.Helper()
+	b := fmt.Sprintf("fs-test-%d", buckets.Add(1))
+	if err := srv.CreateBucket(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func put(t *testing.T, bucket, key string, data []byte) {
+	t.Helper()
+	if err := srv.Put(context.Background(), bucket, key, data); err != nil {
+		t.Fatalf("put %s: %v", key, err)
+	}
+}
+
+func store(t *testing.T, bucket string) backend.Store {
+	t.Helper()
+	st, err := backend.NewS3(context.Background(), bucket, backend.Config{
+		Endpoint: srv.Endpoint, AccessKey: testenv.AccessKey, SecretKey: testenv.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// mounted is a mount under test with its parts.
+type mounted struct {
+	dir     string
+	m       *fs.Mount
+	fetcher *prefetch.Fetcher
+	cache   *cache.Cache
+	reader  *backend.Reader
+	tree    *fs.Tree
+}
+
+// small chunks and a small budget make every test cross chunk boundaries
+// and fill the window.
+const testChunk = 64 << 10
+
+type mountOpts struct {
+	filter fs.Filter
+	budget int64
+	fetch  prefetch.Config
+}
+
+func mountBucket(t *testing.T, bucket, prefix string, o mountOpts) *mounted {
+	t.Helper()
+	ctx := context.Background()
+	st := store(t, bucket)
+	tree, err := fs.List(ctx, st, prefix, o.filter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.budget == 0 {
+		o.budget = 64 * testChunk
+	}
+	if o.fetch.Concurrency == 0 {
+		o.fetch = prefetch.Config{Concurrency: 8, PartSize: 4 * testChunk}
+	}
+	c, err := cache.New(cache.Config{Budget: o.budget, ChunkSize: testChunk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := backend.NewReader(st, backend.DefaultPolicy)
+	f := prefetch.New(c, r, o.fetch)
+	dir := t.TempDir()
+	m, err := fs.MountTree(dir, tree, f, fs.DefaultOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Unmount(); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+		if !m.Wait(10 * time.Second) {
+			t.Errorf("server did not stop after unmount")
+		}
+		f.Close()
+		c.Close()
+	})
+	return &mounted{dir: dir, m: m, fetcher: f, cache: c, reader: r, tree: tree}
+}
+
+// loadInChild loads safetensors files from another process with
+// verification and returns the tensor bytes it copied.
+func loadInChild(t *testing.T, files ...string) int64 {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), loaderEnv+"="+strings.Join(files, "\n"))
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("loader: %v: %s", err, stderr)
+	}
+	var r safetensors.LoadResult
+	if err := json.Unmarshal(out, &r); err != nil {
+		t.Fatalf("loader output %q: %v", out, err)
+	}
+	return r.Bytes
+}
