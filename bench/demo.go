@@ -20,7 +20,7 @@ func demo(args []string) error {
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
-	w, err := newWorld("demo-model", safetensors.Spec{Bytes: *size << 20, Shards: *shards, Seed: uint64(time.Now().UnixNano())})
+	w, err := newWorld("demo-model", "", safetensors.Spec{Bytes: *size << 20, Shards: *shards, Seed: uint64(time.Now().UnixNano())})
 	if err != nil {
 		return err
 	}

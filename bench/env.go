@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
@@ -26,15 +28,24 @@ type world struct {
 	cleanups []func()
 }
 
-// newWorld starts versitygw in a temporary directory and seeds it with a
-// generated model of spec under s3://models/<name>/.
-func newWorld(name string, spec safetensors.Spec) (*world, error) {
-	dir, err := os.MkdirTemp("", "modelfs-bench-")
-	if err != nil {
+// newWorld starts versitygw and seeds it with a generated model of spec
+// under s3://models/<name>/. With keep set, the server's files live in that
+// directory and survive the run, and a model seeded there before with the
+// same name and spec is reused instead of generated again.
+func newWorld(name, keep string, spec safetensors.Spec) (*world, error) {
+	dir := keep
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "modelfs-bench-"); err != nil {
+			return nil, err
+		}
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	w := &world{dir: dir, bucket: "models", prefix: name + "/"}
-	w.defer_(func() { os.RemoveAll(dir) })
+	if keep == "" {
+		w.defer_(func() { os.RemoveAll(dir) })
+	}
 	// Tear down on Ctrl-C too: a mount or server left behind would outlive us.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
@@ -43,41 +54,66 @@ func newWorld(name string, spec safetensors.Spec) (*world, error) {
 		w.close()
 		os.Exit(130)
 	}()
-	w.srv, err = testenv.StartS3(filepath.Join(dir, "s3"))
-	if err != nil {
+	if err := w.seed(spec); err != nil {
 		w.close()
 		return nil, err
+	}
+	return w, nil
+}
+
+func (w *world) seed(spec safetensors.Spec) error {
+	var err error
+	w.srv, err = testenv.StartS3(filepath.Join(w.dir, "s3"))
+	if err != nil {
+		return err
 	}
 	w.defer_(w.srv.Stop)
 	fmt.Printf("versitygw serving %s\n", w.srv.Endpoint)
+	stamp := filepath.Join(w.dir, strings.TrimSuffix(w.prefix, "/")+".seeded")
+	want, _ := json.Marshal(spec)
+	if have, err := os.ReadFile(stamp); err == nil && bytes.Equal(have, want) {
+		fmt.Printf("reusing the model seeded in %s\n", w.dir)
+		return w.inventory(filepath.Join(w.srv.Root, w.bucket, w.prefix))
+	}
 	start := time.Now()
-	local := filepath.Join(dir, "model")
+	local := filepath.Join(w.dir, "model")
+	defer os.RemoveAll(local)
 	if _, err := safetensors.Generate(local, spec); err != nil {
-		w.close()
-		return nil, err
+		return err
 	}
 	ctx := context.Background()
-	if err := w.srv.CreateBucket(ctx, w.bucket); err != nil {
-		w.close()
-		return nil, err
+	if err := w.srv.CreateBucket(ctx, w.bucket); err != nil && !strings.Contains(err.Error(), "BucketAlreadyOwnedByYou") {
+		return err
 	}
 	if err := w.srv.PutDir(ctx, w.bucket, w.prefix, local); err != nil {
-		w.close()
-		return nil, err
+		return err
 	}
-	ents, _ := os.ReadDir(local)
+	if err := w.inventory(local); err != nil {
+		return err
+	}
+	fmt.Printf("seeded s3://%s/%s: %d files, %s, in %.1f s\n", w.bucket, w.prefix, len(w.files),
+		mib(w.size), time.Since(start).Seconds())
+	return os.WriteFile(stamp, want, 0o644)
+}
+
+// inventory records the model's files from a directory holding them.
+func (w *world) inventory(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
 	for _, e := range ents {
-		info, _ := e.Info()
+		info, err := e.Info()
+		if err != nil {
+			return err
+		}
 		w.files = append(w.files, e.Name())
 		w.size += info.Size()
 		if strings.HasSuffix(e.Name(), ".safetensors") {
 			w.shards = append(w.shards, e.Name())
 		}
 	}
-	os.RemoveAll(local)
-	fmt.Printf("seeded s3://%s/%s: %d files, %s, in %.1f s\n", w.bucket, w.prefix, len(w.files),
-		mib(w.size), time.Since(start).Seconds())
-	return w, nil
+	return nil
 }
 
 func (w *world) uri() string { return "s3://" + w.bucket + "/" + strings.TrimSuffix(w.prefix, "/") }

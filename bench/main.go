@@ -4,6 +4,7 @@
 // the way vLLM's loader reads weights.
 //
 //	bench demo [flags]   the newcomer's tour (make demo)
+//	bench run [flags]    the benchmark (make bench): ceiling, cold and warm loads, memory, bytes fetched
 //	bench load [flags] FILE...   the loader process: mmap every file and copy out every tensor
 package main
 
@@ -14,17 +15,19 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: bench demo|load [flags]")
+		fmt.Fprintln(os.Stderr, "usage: bench demo|run|load [flags]")
 		os.Exit(2)
 	}
 	var err error
 	switch os.Args[1] {
 	case "demo":
 		err = demo(os.Args[2:])
+	case "run":
+		err = run(os.Args[2:])
 	case "load":
 		err = load(os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown command %q: want demo or load", os.Args[1])
+		err = fmt.Errorf("unknown command %q: want demo, run or load", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -143,7 +143,7 @@ func (f *Fetcher) Read(ctx context.Context, file *File, off int64, n int) ([]Spa
 	from, to := file.streams.access(last, maxChunks, f.lastChunk(file))
 	file.mu.Unlock()
 	if from < to {
-		f.pull(file, chunkRange(from, to), cache.Readahead, false)
+		f.pull(f.ctx, file, chunkRange(from, to), cache.Readahead, false, nil)
 	}
 	for _, s := range spans {
 		if err := f.wait(ctx, s.Chunk); err != nil {
@@ -171,7 +171,7 @@ func (f *Fetcher) read(ctx context.Context, file *File, off int64, n int, class 
 		}
 		if fill {
 			f.Stats.DemandFetches.Add(1)
-			f.fetch(file, []*cache.Chunk{ch.Ref()}, class)
+			f.fetch(file, []*cache.Chunk{ch.Ref()}, class, nil)
 		}
 		from := max(off, c*cs) - c*cs
 		to := min(end, (c+1)*cs) - c*cs
@@ -237,8 +237,10 @@ func chunkRange(from, to int64) []int64 {
 // pull fetches the listed chunks of file at class, in order, skipping
 // those already cached or already delivered to a reader. Consecutive
 // chunks share a GET of up to PartSize. Without wait, pull stops at the
-// first chunk the window has no room for; with wait, it waits for room.
-func (f *Fetcher) pull(file *File, chunks []int64, class cache.Class, wait bool) error {
+// first chunk the window has no room for; with wait, it waits for room
+// (until ctx ends). done, if set, is called for each chunk once it is
+// fetched, found in the cache or known delivered.
+func (f *Fetcher) pull(ctx context.Context, file *File, chunks []int64, class cache.Class, wait bool, done func(c int64)) error {
 	per := int(f.cfg.PartSize / f.cache.ChunkSize())
 	var run []*cache.Chunk
 	flush := func() {
@@ -248,7 +250,7 @@ func (f *Fetcher) pull(file *File, chunks []int64, class cache.Class, wait bool)
 			} else {
 				f.Stats.ReadaheadFetches.Add(1)
 			}
-			f.fetch(file, run, class)
+			f.fetch(file, run, class, done)
 			run = nil
 		}
 	}
@@ -258,22 +260,28 @@ func (f *Fetcher) pull(file *File, chunks []int64, class cache.Class, wait bool)
 			flush()
 		}
 		if file.wasDelivered(c) {
+			if done != nil {
+				done(c)
+			}
 			continue
 		}
 		k := f.key(file, c)
-		ch, fill, err := f.cache.Claim(f.ctx, k, class, false)
+		ch, fill, err := f.cache.Claim(ctx, k, class, false)
 		if errors.Is(err, cache.ErrWindowFull) {
 			if !wait {
 				return err
 			}
 			flush() // the chunks we hold must be on their way before we wait
-			ch, fill, err = f.cache.Claim(f.ctx, k, class, true)
+			ch, fill, err = f.cache.Claim(ctx, k, class, true)
 		}
 		if err != nil {
 			return err
 		}
 		if !fill {
 			ch.Release()
+			if done != nil {
+				done(c)
+			}
 			continue
 		}
 		run = append(run, ch)
@@ -283,7 +291,7 @@ func (f *Fetcher) pull(file *File, chunks []int64, class cache.Class, wait bool)
 
 // fetch starts one GET that fills chunks, consecutive chunks of file the
 // caller claimed for filling; it takes over the caller's references.
-func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class) {
+func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class, done func(c int64)) {
 	t := newTicket(class)
 	f.mu.Lock()
 	for _, ch := range chunks {
@@ -309,6 +317,9 @@ func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class) {
 			err = f.reader.ReadVec(f.ctx, file.Obj, off, bufs, func(i int) {
 				chunks[i].Fill(len(bufs[i]), nil)
 				filled++
+				if done != nil {
+					done(chunks[i].Key().Index)
+				}
 			})
 			f.gate.release()
 		}

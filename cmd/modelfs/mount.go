@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -41,11 +42,16 @@ func mountCommand() *cli.Command {
 			Usage: "kernel readahead of the mount in KiB (0 keeps the kernel's 128)"},
 		&cli.IntFlag{Name: "max-background", Value: fs.DefaultOptions.MaxBackground,
 			Usage: "asynchronous FUSE requests the kernel keeps in flight"},
+		&cli.StringFlag{Name: "prefetch", Value: "safetensors", EnvVars: []string{"MODELFS_PREFETCH"},
+			Usage: "pull files in the background on mount: safetensors (the shards, in loader order), all, or none"},
+		&cli.Float64Flag{Name: "network-gbps", EnvVars: []string{"MODELFS_NETWORK_GBPS"},
+			Usage: "node bandwidth that picks the GET profile (default: detected; 50 or more is a fast node)"},
 		&cli.IntFlag{Name: "concurrency", EnvVars: []string{"MODELFS_CONCURRENCY"},
 			Usage: "parallel GETs (default: from the network profile)"},
 		&cli.StringFlag{Name: "part-size", EnvVars: []string{"MODELFS_PART_SIZE"},
 			Usage: "size of readahead and prefetch GETs (default: from the network profile)"},
 		&cli.BoolFlag{Name: "debug-fuse", Usage: "log every FUSE request"},
+		&cli.StringFlag{Name: "cpu-profile", Hidden: true, Usage: "write a Go CPU profile of the whole run to this file"},
 	}
 	return &cli.Command{
 		Name:      "mount",
@@ -73,6 +79,8 @@ type mountConfig struct {
 	budget     int64
 	fsOpts     fs.Options
 	fetch      prefetch.Config
+	mode       prefetch.Mode
+	gbps       float64
 	filter     fs.Filter
 }
 
@@ -109,7 +117,16 @@ func parseMountFlags(c *cli.Context) (*mountConfig, error) {
 	if mc.fsOpts.MaxBackground < 1 || mc.fsOpts.MaxBackground > 65535 {
 		return nil, usageErr("--max-background %d: want 1 to 65535", mc.fsOpts.MaxBackground)
 	}
-	mc.fetch = prefetch.Config{Concurrency: 16, PartSize: 8 << 20}
+	if mc.mode, err = prefetch.ParseMode(c.String("prefetch")); err != nil {
+		return nil, usageErr("--prefetch: %v", err)
+	}
+	mc.gbps = c.Float64("network-gbps")
+	if mc.gbps < 0 || mc.gbps > 10000 {
+		return nil, usageErr("--network-gbps %g: want 0 to 10000", mc.gbps)
+	}
+	if mc.gbps == 0 {
+		mc.gbps, _ = prefetch.DetectGbps()
+	}
 	if c.IsSet("concurrency") {
 		mc.fetch.Concurrency = c.Int("concurrency")
 		if mc.fetch.Concurrency < 1 || mc.fetch.Concurrency > 1024 {
@@ -148,6 +165,16 @@ func runMount(c *cli.Context) error {
 		debug.SetMemoryLimit(mc.budget + 128<<20)
 	}
 
+	if p := c.String("cpu-profile"); p != "" {
+		f, err := os.Create(p)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	store, err := openStore(ctx, c, mc.loc, 2*mc.fetch.Concurrency)
@@ -167,6 +194,13 @@ func runMount(c *cli.Context) error {
 	for _, s := range tree.Skipped {
 		slog.Warn("key not shown", "key", s)
 	}
+	profile := prefetch.Profile(mc.gbps, tree.Bytes)
+	if mc.fetch.Concurrency == 0 {
+		mc.fetch.Concurrency = profile.Concurrency
+	}
+	if mc.fetch.PartSize == 0 {
+		mc.fetch.PartSize = profile.PartSize
+	}
 
 	chunks, err := cache.New(cache.Config{Budget: mc.budget, ChunkSize: mc.chunk})
 	if err != nil {
@@ -182,7 +216,18 @@ func runMount(c *cli.Context) error {
 	}
 	slog.Info("mounted", "uri", mc.loc.String(), "mountpoint", mc.mountpoint, "files", tree.Files,
 		"bytes", tree.Bytes, "cache_bytes", mc.budget, "chunk_bytes", mc.chunk,
-		"concurrency", mc.fetch.Concurrency, "part_bytes", fetcher.Config().PartSize)
+		"concurrency", mc.fetch.Concurrency, "part_bytes", fetcher.Config().PartSize, "prefetch", mc.mode.String())
+	go func() {
+		var p prefetch.Progress
+		start := time.Now()
+		if err := fetcher.Warm(ctx, m.Files(), mc.mode, &p); err != nil {
+			if ctx.Err() == nil {
+				slog.Warn("prefetch stopped", "err", err)
+			}
+			return
+		}
+		slog.Debug("prefetch claimed every chunk", "bytes", p.Total.Load(), "seconds", time.Since(start).Seconds())
+	}()
 
 	ended := make(chan struct{})
 	go func() {

@@ -1,0 +1,159 @@
+package prefetch
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/modelfs/modelfs/cache"
+	"github.com/modelfs/modelfs/internal/safetensors"
+)
+
+// Mode says which files a mount pulls eagerly.
+type Mode int
+
+const (
+	// Safetensors pulls the .safetensors files (the default).
+	Safetensors Mode = iota
+	// All pulls every file.
+	All
+	// None pulls nothing ahead of readers; readahead still runs.
+	None
+)
+
+// ParseMode reads --prefetch.
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "safetensors":
+		return Safetensors, nil
+	case "all":
+		return All, nil
+	case "none":
+		return None, nil
+	}
+	return 0, fmt.Errorf("prefetch mode %q: want safetensors, all or none", s)
+}
+
+func (m Mode) String() string {
+	return [...]string{"safetensors", "all", "none"}[m]
+}
+
+// Progress reports how much of an eager pull is in the cache or already
+// delivered; fields are updated atomically.
+type Progress struct {
+	Total atomic.Int64 // bytes the pull covers
+	Done  atomic.Int64 // bytes fetched, found cached or already read
+}
+
+// headerProbe is how much of a shard the first header GET asks for: enough
+// for the headers of all but the largest checkpoints.
+const headerProbe = 1 << 20
+
+// Warm pulls files in the order a loader reads them: first every
+// safetensors header (each fetched on its own, to plan the pull), then the
+// data of each file in natural name order, the chunks of a safetensors file
+// in the order of its tensors' keys. It returns when every chunk has been
+// claimed (the last fetches may still be running) or when ctx ends.
+//
+// The pull runs at Eager priority and waits for window room, so it never
+// runs further ahead of the readers than the cache allows. A file whose
+// header does not parse is pulled front to back as plain bytes.
+func (f *Fetcher) Warm(ctx context.Context, files []*File, mode Mode, p *Progress) error {
+	var pick []*File
+	for _, file := range files {
+		if file.Obj.Size > 0 && (mode == All || mode == Safetensors && isSafetensors(file.Name)) {
+			pick = append(pick, file)
+		}
+	}
+	if mode == None || len(pick) == 0 {
+		return nil
+	}
+	sort.SliceStable(pick, func(i, j int) bool { return safetensors.NaturalLess(pick[i].Name, pick[j].Name) })
+	for _, file := range pick {
+		p.Total.Add(file.Obj.Size)
+	}
+	plans := make([][]int64, len(pick))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i, file := range pick {
+		g.Go(func() error {
+			plans[i] = f.plan(gctx, file)
+			return nil
+		})
+	}
+	g.Wait()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	for i, file := range pick {
+		if err := f.pullEager(ctx, file, plans[i], p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func isSafetensors(name string) bool { return strings.HasSuffix(name, ".safetensors") }
+
+// plan lists file's chunks in the order a loader will read them.
+func (f *Fetcher) plan(ctx context.Context, file *File) []int64 {
+	n := f.lastChunk(file) + 1
+	seen := make([]bool, n)
+	order := make([]int64, 0, n)
+	add := func(from, to int64) { // byte range [from, to)
+		cs := f.cache.ChunkSize()
+		for c := from / cs; c*cs < to && c < n; c++ {
+			if !seen[c] {
+				seen[c] = true
+				order = append(order, c)
+			}
+		}
+	}
+	if isSafetensors(file.Name) {
+		h, err := f.header(ctx, file)
+		if err != nil {
+			slog.Debug("prefetching as plain bytes", "file", file.Name, "err", err)
+		} else {
+			add(0, h.DataStart)
+			for _, t := range h.Tensors {
+				add(t.Begin, t.End)
+			}
+		}
+	}
+	add(0, file.Obj.Size) // whatever no tensor covers, front to back
+	return order
+}
+
+// header fetches and parses a safetensors header outside the cache: it is
+// tiny next to the shard, and planning must not hold window room.
+func (f *Fetcher) header(ctx context.Context, file *File) (*safetensors.Header, error) {
+	size := file.Obj.Size
+	buf := make([]byte, min(size, headerProbe))
+	if err := f.reader.ReadAt(ctx, file.Obj, buf, 0); err != nil {
+		return nil, err
+	}
+	n, err := safetensors.HeaderLen(buf, size)
+	if err != nil {
+		return nil, err
+	}
+	if 8+n > int64(len(buf)) {
+		more := make([]byte, 8+n)
+		copy(more, buf)
+		if err := f.reader.ReadAt(ctx, file.Obj, more[len(buf):], int64(len(buf))); err != nil {
+			return nil, err
+		}
+		buf = more
+	}
+	return safetensors.Parse(buf[8:8+n], size)
+}
+
+// pullEager pulls the planned chunks of file, waiting for window room.
+func (f *Fetcher) pullEager(ctx context.Context, file *File, plan []int64, p *Progress) error {
+	done := func(c int64) { p.Done.Add(int64(f.chunkLen(file, c))) }
+	return f.pull(ctx, file, plan, cache.Eager, true, done)
+}
