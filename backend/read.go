@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -90,6 +91,10 @@ func (r *Reader) ReadVec(ctx context.Context, obj Object, off int64, bufs [][]by
 		total += int64(len(b))
 	}
 	v := &vec{bufs: bufs, filled: filled}
+	if total == 0 {
+		v.advance(0) // reports the empty buffers filled
+		return nil
+	}
 	var err error
 	attempts := max(r.Policy.Attempts, 1)
 	for attempt := 0; attempt < attempts; attempt++ {
@@ -147,6 +152,9 @@ func (r *Reader) backoff(ctx context.Context, attempt int) error {
 	if d > r.Policy.BackoffMax || d <= 0 {
 		d = r.Policy.BackoffMax
 	}
+	if d <= 0 {
+		return ctx.Err()
+	}
 	// Full jitter: concurrent retries after a burst of 503s spread out.
 	d = time.Duration(rand.Int64N(int64(d)/2+1)) + d/2
 	t := time.NewTimer(d)
@@ -169,8 +177,11 @@ func (r *Reader) attempt(ctx context.Context, obj Object, off, n int64, v *vec) 
 	defer cancel(nil)
 	w := &watchdog{cancel: cancel, window: r.Policy.LowSpeedWindow,
 		minBytes: int64(float64(r.Policy.LowSpeedLimit) * r.Policy.LowSpeedWindow.Seconds())}
-	if r.Policy.FirstByteTimeout > 0 {
-		w.t = time.AfterFunc(r.Policy.FirstByteTimeout, w.fire)
+	// The timer first checks for the first byte, then re-arms itself every
+	// low-speed window; without a first-byte timeout it starts with the
+	// window, so a body that stalls is caught either way.
+	if first := cmp.Or(r.Policy.FirstByteTimeout, r.Policy.LowSpeedWindow); first > 0 {
+		w.t = time.AfterFunc(first, w.fire)
 		defer w.t.Stop()
 	}
 	body, err := r.Store.Open(actx, obj.Key, obj.ETag, off, n)

@@ -123,6 +123,7 @@ func NewS3(ctx context.Context, bucket string, cfg Config) (Store, error) {
 // hostNeedsPathStyle: virtual-host addressing needs DNS for bucket.host,
 // which IP literals and localhost never have.
 func hostNeedsPathStyle(host string) bool {
+	host = strings.ToLower(host)
 	return net.ParseIP(host) != nil || host == "localhost" || strings.HasSuffix(host, ".localhost")
 }
 

@@ -68,6 +68,9 @@ func Parse(header []byte, fileSize int64) (*Header, error) {
 	if err := json.Unmarshal(header, &raw); err != nil {
 		return nil, fmt.Errorf("safetensors: header is not a JSON object: %w", err)
 	}
+	if raw == nil {
+		return nil, errors.New("safetensors: header is not a JSON object")
+	}
 	h := &Header{DataStart: 8 + int64(len(header))}
 	for name, msg := range raw {
 		if name == "__metadata__" {
@@ -81,7 +84,7 @@ func Parse(header []byte, fileSize int64) (*Header, error) {
 			return nil, fmt.Errorf("safetensors: tensor %q: %w", name, err)
 		}
 		b, e := rt.DataOffsets[0], rt.DataOffsets[1]
-		if b < 0 || e < b || h.DataStart+e > fileSize {
+		if b < 0 || e < b || e > fileSize-h.DataStart { // written so that it cannot overflow
 			return nil, fmt.Errorf("safetensors: tensor %q: data_offsets [%d, %d] outside the %d-byte data region",
 				name, b, e, fileSize-h.DataStart)
 		}

@@ -1,0 +1,211 @@
+package backend
+
+import (
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestHTTPRange(t *testing.T) {
+	tests := []struct {
+		off, n int64
+		want   string
+	}{
+		{0, 1, "bytes=0-0"},
+		{0, 8, "bytes=0-7"},
+		{5, 1, "bytes=5-5"},
+		{5, 10, "bytes=5-14"},
+		{8 << 20, 8 << 20, "bytes=8388608-16777215"},
+		{1 << 40, 1, "bytes=1099511627776-1099511627776"},
+		{math.MaxInt64 - 9, 10, "bytes=9223372036854775798-9223372036854775807"},
+	}
+	for _, tc := range tests {
+		if got := httpRange(tc.off, tc.n); got != tc.want {
+			t.Errorf("httpRange(%d, %d) = %q, want %q", tc.off, tc.n, got, tc.want)
+		}
+	}
+}
+
+// parseRange reads back a single "bytes=FIRST-LAST" range as RFC 9110
+// defines it: both positions plain decimal digits.
+func parseRange(t *testing.T, h string) (first, last int64) {
+	t.Helper()
+	spec, ok := strings.CutPrefix(h, "bytes=")
+	if !ok {
+		t.Fatalf("range %q does not start with bytes=", h)
+	}
+	a, b, ok := strings.Cut(spec, "-")
+	if !ok || a == "" || b == "" || strings.Contains(spec, ",") {
+		t.Fatalf("range %q is not a single FIRST-LAST range", h)
+	}
+	for _, s := range []string{a, b} {
+		for i := 0; i < len(s); i++ {
+			if s[i] < '0' || s[i] > '9' {
+				t.Fatalf("range %q has a non-digit in %q", h, s)
+			}
+		}
+	}
+	first, err1 := strconv.ParseInt(a, 10, 64)
+	last, err2 := strconv.ParseInt(b, 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("range %q: %v %v", h, err1, err2)
+	}
+	return first, last
+}
+
+func FuzzRange(f *testing.F) {
+	f.Add(int64(0), int64(1))
+	f.Add(int64(7), int64(4096))
+	f.Add(int64(1<<40), int64(8<<20))
+	f.Add(int64(math.MaxInt64-1), int64(2))
+	f.Fuzz(func(t *testing.T, off, n int64) {
+		if off < 0 || n <= 0 || off > math.MaxInt64-n+1 {
+			t.Skip() // outside Open's contract: the range must be addressable
+		}
+		h := httpRange(off, n)
+		first, last := parseRange(t, h)
+		if first != off || last != off+n-1 {
+			t.Fatalf("httpRange(%d, %d) = %q, parses as [%d, %d]", off, n, h, first, last)
+		}
+		if last-first+1 != n {
+			t.Fatalf("httpRange(%d, %d) = %q covers %d bytes", off, n, h, last-first+1)
+		}
+		// What a compliant server answers for that range must pass the check.
+		cr := "bytes " + strconv.FormatInt(first, 10) + "-" + strconv.FormatInt(last, 10) + "/" + strconv.FormatInt(last+1, 10)
+		if err := checkContentRange(cr, off); err != nil {
+			t.Fatalf("checkContentRange(%q, %d) rejected the answer to %q: %v", cr, off, h, err)
+		}
+	})
+}
+
+func TestCheckContentRange(t *testing.T) {
+	tests := []struct {
+		cr   string
+		off  int64
+		ok   bool
+		errs string // substring of the error when !ok
+	}{
+		// Answers to the range asked for.
+		{"bytes 0-99/100", 0, true, ""},
+		{"bytes 5-9/100", 5, true, ""},
+		{"bytes 5-9/*", 5, true, ""},
+		{"bytes 8388608-16777215/1073741824", 8 << 20, true, ""},
+		{"bytes 9223372036854775806-9223372036854775806/9223372036854775807", math.MaxInt64 - 1, true, ""},
+		// A server may shorten the end (object smaller than asked): the
+		// start is what matters, the Reader checks the length.
+		{"bytes 5-7/8", 5, true, ""},
+		// No Content-Range: a plain 200 is the right data only from byte 0.
+		{"", 0, true, ""},
+		{"", 1, false, "ignored the Range"},
+		{"", 8 << 20, false, "ignored the Range"},
+		// The wrong start: the server ignored or misread the range.
+		{"bytes 0-99/100", 5, false, "does not start at 5"},
+		{"bytes 6-9/100", 5, false, "does not start at 5"},
+		{"bytes 4-9/100", 5, false, "does not start at 5"},
+		{"bytes 50-99/100", 5, false, "does not start at 5"},
+		{"bytes -5-9/100", 5, false, "does not start at 5"},
+		// Garbage.
+		{"bytes", 0, false, "malformed"},
+		{"bytes ", 0, false, "malformed"},
+		{"bytes 5", 5, false, "malformed"},
+		{"bytes */100", 5, false, "malformed"},
+		{"bytes=5-9/100", 5, false, "malformed"},
+		{"items 5-9/100", 5, false, "malformed"},
+		{"Bytes 5-9/100", 5, false, "malformed"},
+		{"5-9/100", 5, false, "malformed"},
+		{"bytes x-9/100", 5, false, "does not start"},
+		{"bytes 5x-9/100", 5, false, "does not start"},
+		{"bytes -9/100", 0, false, "does not start"},
+		{"bytes  5-9/100", 5, false, "does not start"},
+		{"bytes 99999999999999999999-9/100", 5, false, "does not start"},
+	}
+	for _, tc := range tests {
+		err := checkContentRange(tc.cr, tc.off)
+		if tc.ok {
+			if err != nil {
+				t.Errorf("checkContentRange(%q, %d) = %v, want nil", tc.cr, tc.off, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("checkContentRange(%q, %d) = nil, want an error", tc.cr, tc.off)
+		} else if !strings.Contains(err.Error(), tc.errs) {
+			t.Errorf("checkContentRange(%q, %d) = %q, want it to contain %q", tc.cr, tc.off, err, tc.errs)
+		}
+	}
+}
+
+// FuzzContentRange: an answer that starts at the requested offset is always
+// accepted, one that starts anywhere else is always rejected, and arbitrary
+// text is only accepted when it names the requested start.
+func FuzzContentRange(f *testing.F) {
+	f.Add(int64(0), int64(0), "99/100", "bytes 0-99/100")
+	f.Add(int64(5), int64(6), "9/*", "bytes 5-9/100")
+	f.Add(int64(1<<30), int64(0), "x", "")
+	f.Add(int64(3), int64(30), "", "bytes */10")
+	f.Fuzz(func(t *testing.T, off, start int64, tail, raw string) {
+		if off < 0 {
+			t.Skip()
+		}
+		good := "bytes " + strconv.FormatInt(off, 10) + "-" + tail
+		if err := checkContentRange(good, off); err != nil {
+			t.Fatalf("checkContentRange(%q, %d) = %v, want nil", good, off, err)
+		}
+		if start != off {
+			bad := "bytes " + strconv.FormatInt(start, 10) + "-" + tail
+			if err := checkContentRange(bad, off); err == nil {
+				t.Fatalf("checkContentRange(%q, %d) = nil: wrong start accepted", bad, off)
+			}
+		}
+		if checkContentRange(raw, off) == nil {
+			if raw == "" {
+				if off != 0 {
+					t.Fatalf("empty Content-Range accepted at offset %d", off)
+				}
+				return
+			}
+			rest, ok := strings.CutPrefix(raw, "bytes ")
+			first, _, ok2 := strings.Cut(rest, "-")
+			if !ok || !ok2 {
+				t.Fatalf("checkContentRange(%q, %d) = nil for a malformed value", raw, off)
+			}
+			if v, err := strconv.ParseInt(first, 10, 64); err != nil || v != off {
+				t.Fatalf("checkContentRange(%q, %d) = nil but the start is %q", raw, off, first)
+			}
+		}
+	})
+}
+
+func TestHostNeedsPathStyle(t *testing.T) {
+	tests := []struct {
+		host string
+		want bool
+	}{
+		{"127.0.0.1", true},
+		{"10.0.0.5", true},
+		{"192.168.1.20", true},
+		{"::1", true},
+		{"fd00::1", true},
+		{"2001:db8::8a2e:370:7334", true},
+		{"localhost", true},
+		{"minio.localhost", true},
+		{"a.b.localhost", true},
+		{"s3.amazonaws.com", false},
+		{"s3.us-west-2.amazonaws.com", false},
+		{"tos-cn-beijing.volces.com", false},
+		{"minio", false},
+		{"minio.internal", false},
+		{"localhost.example.com", false},
+		{"mylocalhost", false},
+		{"notlocalhost", false},
+		{"localhostx", false},
+		{"1.2.3", false},
+		{"", false},
+	}
+	for _, tc := range tests {
+		if got := hostNeedsPathStyle(tc.host); got != tc.want {
+			t.Errorf("hostNeedsPathStyle(%q) = %v, want %v", tc.host, got, tc.want)
+		}
+	}
+}
