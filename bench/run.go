@@ -21,6 +21,8 @@ import (
 	"github.com/modelfs/modelfs/internal/testenv"
 )
 
+var verbose bool
+
 // row is one measured workload.
 type row struct {
 	System   string  `json:"system"`
@@ -37,6 +39,8 @@ type row struct {
 	Fetched         int64   `json:"bytes_fetched,omitempty"`
 	FetchedRate     float64 `json:"fetched_per_model_byte,omitempty"`
 	Note            string  `json:"note,omitempty"`
+	// Daemon is the daemon\'s own account of the workload.
+	Daemon map[string]any `json:"daemon,omitempty"`
 }
 
 type report struct {
@@ -58,6 +62,7 @@ func run(args []string) error {
 	out := fl.String("json", "bench-results.json", "write the results here")
 	extra := fl.String("flags", "", "extra modelfs mount flags, space separated")
 	keep := fl.String("keep", "", "keep the server's files in this directory and reuse a model seeded there")
+	fl.BoolVar(&verbose, "v", false, "print the daemon's counters after each workload")
 	only := fl.String("only", "", "comma-separated workloads to run (ceiling,cat,load,warm,local,two); default all")
 	if err := fl.Parse(args); err != nil {
 		return err
@@ -83,6 +88,12 @@ func run(args []string) error {
 	if *extra != "" {
 		mountFlags = append(mountFlags, strings.Fields(*extra)...)
 	}
+	// The server's files stay in the page cache for the whole run, so every
+	// row measures the path to the server, not the server's disk. A fresh
+	// mount starts with an empty page cache of its own.
+	if _, err := runLoader(false, prefixAll(filepath.Join(w.srv.Root, w.bucket, w.prefix), w.shardPaths(""))); err != nil {
+		return err
+	}
 	add := func(r row) {
 		if r.Seconds > 0 {
 			r.MiBps = float64(r.Bytes) / (1 << 20) / r.Seconds
@@ -99,12 +110,19 @@ func run(args []string) error {
 
 	if want("ceiling") {
 		best := row{System: "direct", Workload: "parallel ranged GET"}
+		part := int64(64 << 20)
+		if v := os.Getenv("BENCH_CEILING_PART"); v != "" {
+			fmt.Sscan(v, &part)
+		}
 		for _, conc := range []int{4, 8, 16} {
-			secs, err := w.directGET(conc, 64<<20)
+			srv0, _ := testenv.Proc(w.srv.Pid())
+			secs, err := w.directGET(conc, part)
 			if err != nil {
 				return err
 			}
-			fmt.Printf("  direct GET, %2d × 64 MiB: %.0f MiB/s\n", conc, float64(modelBytes)/(1<<20)/secs)
+			srv1, _ := testenv.Proc(w.srv.Pid())
+			fmt.Printf("  direct GET, %2d × 64 MiB: %.0f MiB/s, server %.2f CPU s/GiB\n", conc,
+				float64(modelBytes)/(1<<20)/secs, (srv1.CPU-srv0.CPU)/(float64(modelBytes)/(1<<30)))
 			if best.Seconds == 0 || secs < best.Seconds {
 				best.Seconds, best.Bytes, best.Note = secs, modelBytes, fmt.Sprintf("best of 4, 8, 16 × 64 MiB; %d in flight", conc)
 			}
@@ -187,7 +205,6 @@ func run(args []string) error {
 // phase mounts afresh, runs work against the mount, and measures it with
 // the daemon's peak RSS, CPU time and the bytes the server sent.
 func (w *world) phase(name string, flags []string, modelBytes int64, work func(mnt string) (int64, error)) (row, error) {
-	dropCaches()
 	d, err := w.mount(flags...)
 	if err != nil {
 		return row{}, err
@@ -209,7 +226,25 @@ func (w *world) phase(name string, flags []string, modelBytes int64, work func(m
 	if err := d.Stop(10 * time.Second); err != nil {
 		return r, err
 	}
+	r.Daemon = totals(d.Log())
+	if verbose {
+		fmt.Printf("    %s: %v\n", name, r.Daemon)
+	}
 	return r, nil
+}
+
+// totals picks the daemon's closing "totals" log record.
+func totals(log string) map[string]any {
+	for _, line := range strings.Split(log, "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "totals" {
+			for _, k := range []string{"time", "level", "msg"} {
+				delete(rec, k)
+			}
+			return rec
+		}
+	}
+	return nil
 }
 
 // directGET reads every shard with parallel ranged GETs of part bytes,
@@ -261,12 +296,6 @@ func prefixAll(dir string, names []string) []string {
 		out[i] = filepath.Join(dir, filepath.Base(n))
 	}
 	return out
-}
-
-// dropCaches empties the page cache so that cold rows start cold.
-func dropCaches() {
-	exec.Command("sync").Run()
-	os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0)
 }
 
 func machine() string {

@@ -240,6 +240,7 @@ func runMount(c *cli.Context) error {
 	case <-ended:
 		slog.Info("unmounted from outside", "mountpoint", mc.mountpoint)
 		fetcher.Close()
+		logStats(fetcher, chunks, reader)
 		return nil
 	}
 	err = m.Unmount()
@@ -250,6 +251,27 @@ func runMount(c *cli.Context) error {
 	if !m.Wait(time.Second) {
 		slog.Info("files still open; the kernel ends the connection when this process exits")
 	}
+	logStats(fetcher, chunks, reader)
 	slog.Info("stopped")
 	return nil
+}
+
+// logStats logs what the mount did, for operators and the bench.
+func logStats(f *prefetch.Fetcher, c *cache.Cache, r *backend.Reader) {
+	slog.Info("totals",
+		"bytes_served", f.Stats.BytesServed.Load(),
+		"bytes_fetched", r.Stats.BytesFetched.Load(),
+		"gets", r.Stats.Requests.Load(),
+		"demand_fetches", f.Stats.DemandFetches.Load(),
+		"readahead_fetches", f.Stats.ReadaheadFetches.Load(),
+		"eager_fetches", f.Stats.EagerFetches.Load(),
+		"promotions", f.Stats.Promotions.Load(),
+		"cache_hits", c.Stats.Hits.Load(),
+		"cache_misses", c.Stats.Misses.Load(),
+		"window_waits", c.Stats.Waits.Load(),
+		"reclaimed", c.Stats.Reclaimed.Load(),
+		"rejected", c.Stats.Rejected.Load(),
+		"dropped", c.Stats.Dropped.Load(),
+		"retries", r.Stats.Retries.Load(),
+		"stalls", r.Stats.Stalls.Load())
 }
