@@ -67,7 +67,7 @@ type s3Store struct {
 // default; the region from cfg, else AWS_REGION / AWS_DEFAULT_REGION / the
 // shared config, else us-east-1.
 func NewS3(ctx context.Context, bucket string, cfg Config) (Store, error) {
-	endpoint := firstNonEmpty(cfg.Endpoint, os.Getenv("AWS_ENDPOINT_URL_S3"), os.Getenv("AWS_ENDPOINT_URL"))
+	endpoint := Endpoint("s3", cfg)
 	pathStyle := cfg.ForcePathStyle
 	if endpoint != "" {
 		u, err := url.Parse(endpoint)
@@ -118,6 +118,33 @@ func NewS3(ctx context.Context, bucket string, cfg Config) (Store, error) {
 		shown = "aws:" + awsCfg.Region
 	}
 	return &s3Store{client: client, bucket: bucket, endpoint: shown}, nil
+}
+
+// Endpoint is the endpoint URL a store of scheme uses with cfg: the
+// configured one, else the scheme's environment variables; "" means the
+// store's public default.
+func Endpoint(scheme string, cfg Config) string {
+	switch scheme {
+	case "s3":
+		return firstNonEmpty(cfg.Endpoint, os.Getenv("AWS_ENDPOINT_URL_S3"), os.Getenv("AWS_ENDPOINT_URL"))
+	case "tos":
+		return firstNonEmpty(cfg.Endpoint, os.Getenv("TOS_ENDPOINT"))
+	}
+	return cfg.Endpoint
+}
+
+// Loopback reports whether endpoint names this machine: then the "network"
+// is memory, as fast as the fastest NIC.
+func Loopback(endpoint string) bool {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	h := strings.ToLower(u.Hostname())
+	if ip := net.ParseIP(h); ip != nil {
+		return ip.IsLoopback()
+	}
+	return h == "localhost" || strings.HasSuffix(h, ".localhost")
 }
 
 // hostNeedsPathStyle: virtual-host addressing needs DNS for bucket.host,

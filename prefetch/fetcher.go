@@ -36,6 +36,9 @@ type Config struct {
 	// MaxReadahead bounds how far ahead of one stream readahead runs, in
 	// bytes; 0 means half the cache window.
 	MaxReadahead int64
+	// Adaptive searches for the best concurrency up to Concurrency at run
+	// time instead of using Concurrency outright.
+	Adaptive bool
 }
 
 // Stats counts what a Fetcher did; fields are updated atomically.
@@ -45,6 +48,7 @@ type Stats struct {
 	EagerFetches     atomic.Int64 // GETs started by eager pulls
 	Promotions       atomic.Int64 // queued fetches a reader was waiting on
 	BytesServed      atomic.Int64 // bytes delivered to readers
+	Concurrency      atomic.Int64 // the gate's current limit
 }
 
 // Fetcher fills the chunk cache from a store. It is safe for concurrent use.
@@ -74,8 +78,14 @@ func New(c *cache.Cache, r *backend.Reader, cfg Config) *Fetcher {
 		cfg.MaxReadahead = c.WindowMax() / 2
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Fetcher{cache: c, reader: r, gate: newGate(cfg.Concurrency), cfg: cfg,
+	f := &Fetcher{cache: c, reader: r, gate: newGate(cfg.Concurrency), cfg: cfg,
 		ctx: ctx, cancel: cancel, pending: make(map[cache.Key]*ticket)}
+	f.Stats.Concurrency.Store(int64(cfg.Concurrency))
+	if cfg.Adaptive {
+		f.wg.Add(1)
+		go f.tune()
+	}
+	return f
 }
 
 // Config returns the settings in effect (after rounding).

@@ -18,6 +18,7 @@ type gate struct {
 	reserve int
 	inUse   int
 	queue   [3][]*ticket
+	queued  int64 // acquires that found no free slot, ever
 }
 
 // ticket is one fetch's place in the gate. Its class can be raised while it
@@ -55,12 +56,28 @@ func (g *gate) capacityLocked(c cache.Class) int {
 	return g.limit
 }
 
+func (g *gate) getLimit() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.limit
+}
+
+// queuedTotal counts the acquires that had to wait for a slot.
+func (g *gate) queuedTotal() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.queued
+}
+
 // acquire waits for a slot. On error (ctx done) no slot is held.
 func (g *gate) acquire(ctx context.Context, t *ticket) error {
 	g.mu.Lock()
 	g.queue[t.class] = append(g.queue[t.class], t)
 	t.queued = true
 	g.admitLocked()
+	if t.queued {
+		g.queued++
+	}
 	g.mu.Unlock()
 	select {
 	case <-t.granted:

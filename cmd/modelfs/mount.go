@@ -24,6 +24,8 @@ import (
 const (
 	defaultMaxIOQueue  = 128
 	defaultIOChunkSize = "8MiB"
+	// loopbackGbps is the bandwidth assumed for a store on this machine.
+	loopbackGbps = 100
 )
 
 func mountCommand() *cli.Command {
@@ -125,7 +127,11 @@ func parseMountFlags(c *cli.Context) (*mountConfig, error) {
 		return nil, usageErr("--network-gbps %g: want 0 to 10000", mc.gbps)
 	}
 	if mc.gbps == 0 {
-		mc.gbps, _ = prefetch.DetectGbps()
+		if backend.Loopback(backend.Endpoint(loc.Scheme, storeConfig(c, 0))) {
+			mc.gbps = loopbackGbps
+		} else {
+			mc.gbps, _ = prefetch.DetectGbps()
+		}
 	}
 	if c.IsSet("concurrency") {
 		mc.fetch.Concurrency = c.Int("concurrency")
@@ -196,7 +202,9 @@ func runMount(c *cli.Context) error {
 	}
 	profile := prefetch.Profile(mc.gbps, tree.Bytes)
 	if mc.fetch.Concurrency == 0 {
+		// The profile bounds the search; an explicit --concurrency is used as is.
 		mc.fetch.Concurrency = profile.Concurrency
+		mc.fetch.Adaptive = true
 	}
 	if mc.fetch.PartSize == 0 {
 		mc.fetch.PartSize = profile.PartSize
@@ -216,7 +224,8 @@ func runMount(c *cli.Context) error {
 	}
 	slog.Info("mounted", "uri", mc.loc.String(), "mountpoint", mc.mountpoint, "files", tree.Files,
 		"bytes", tree.Bytes, "cache_bytes", mc.budget, "chunk_bytes", mc.chunk,
-		"concurrency", mc.fetch.Concurrency, "part_bytes", fetcher.Config().PartSize, "prefetch", mc.mode.String())
+		"network_gbps", mc.gbps, "max_concurrency", mc.fetch.Concurrency, "adaptive", mc.fetch.Adaptive,
+		"part_bytes", fetcher.Config().PartSize, "prefetch", mc.mode.String())
 	go func() {
 		var p prefetch.Progress
 		start := time.Now()

@@ -24,12 +24,16 @@ var storeFlags = []cli.Flag{
 // openStore connects to the store loc names. Credentials come from each
 // SDK's standard chain, never from flags.
 func openStore(ctx context.Context, c *cli.Context, loc backend.Location, conns int) (backend.Store, error) {
-	return backend.Open(ctx, loc, backend.Config{
+	return backend.Open(ctx, loc, storeConfig(c, conns))
+}
+
+func storeConfig(c *cli.Context, conns int) backend.Config {
+	return backend.Config{
 		Endpoint:       c.String("endpoint"),
 		Region:         c.String("region"),
 		ForcePathStyle: c.Bool("force-path-style"),
 		MaxConns:       conns,
-	})
+	}
 }
 
 // explain turns a store error into a message that names the cause.
