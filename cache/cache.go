@@ -265,10 +265,12 @@ func (c *Cache) Claim(ctx context.Context, k Key, class Class, wait bool) (ch *C
 	c.seq++
 	ch = &Chunk{key: k, cache: c, ready: make(chan struct{}), class: class, seq: c.seq, loading: true, inWindow: true}
 	ch.refs.Store(2) // the window's and the caller's
-	ch.buf = c.allocBuf()
 	c.window[k] = ch
 	c.windowBytes += c.chunkSize
 	c.mu.Unlock()
+	// Nobody touches the buffer before Fill but the caller, and allocBuf
+	// may wait for ristretto: allocate outside the lock.
+	ch.buf = c.allocBuf()
 	c.Stats.Misses.Add(1)
 	return ch, true, nil
 }
@@ -316,15 +318,25 @@ func (c *Cache) toRistretto(ch *Chunk) {
 }
 
 func (c *Cache) allocBuf() []byte {
-	c.freeMu.Lock()
-	defer c.freeMu.Unlock()
-	if n := len(c.free); n > 0 {
-		b := c.free[n-1]
-		c.free = c.free[:n-1]
-		return b
+	for waited := false; ; waited = true {
+		c.freeMu.Lock()
+		if n := len(c.free); n > 0 {
+			b := c.free[n-1]
+			c.free = c.free[:n-1]
+			c.freeMu.Unlock()
+			return b
+		}
+		if waited || c.allocated+c.chunkSize <= c.budget {
+			c.allocated += c.chunkSize
+			c.freeMu.Unlock()
+			return mapBuf(int(c.chunkSize))
+		}
+		c.freeMu.Unlock()
+		// Buffers handed to ristretto come back once its processor has
+		// applied the Sets (rejecting or evicting): wait for that rather
+		// than grow past the budget.
+		c.rc.Wait()
 	}
-	c.allocated += c.chunkSize
-	return mapBuf(int(c.chunkSize))
 }
 
 // freeBuf keeps b for reuse while live and free buffers fit the budget;
