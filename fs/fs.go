@@ -40,6 +40,8 @@ type root struct {
 type Stats struct {
 	Lookups         atomic.Int64
 	NegativeLookups atomic.Int64 // lookups of names that do not exist
+	Reads           atomic.Int64 // read requests answered with data
+	ReadBytes       atomic.Int64 // bytes in those answers, counted before they are sent
 }
 
 type dir struct {
@@ -52,6 +54,7 @@ type file struct {
 	gofs.Inode
 	f       *prefetch.File
 	fetcher *prefetch.Fetcher
+	stats   *Stats
 }
 
 var (
@@ -89,7 +92,7 @@ func (r *root) OnAdd(ctx context.Context) {
 				add(ch, c)
 				continue
 			}
-			n := &file{f: r.files[i], fetcher: r.fetcher}
+			n := &file{f: r.files[i], fetcher: r.fetcher, stats: r.stats}
 			i++
 			p.AddChild(c.Name, p.NewPersistentInode(ctx, n, gofs.StableAttr{Mode: fuse.S_IFREG}), false)
 		}
@@ -167,7 +170,10 @@ func (n *file) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 		}
 		return nil, e
 	}
-	return &reply{fetcher: n.fetcher, f: n.f, spans: spans}, 0
+	r := &reply{fetcher: n.fetcher, f: n.f, spans: spans}
+	n.stats.Reads.Add(1)
+	n.stats.ReadBytes.Add(int64(r.Size()))
+	return r, 0
 }
 
 // reply answers a read straight from chunk buffers. go-fuse writes the

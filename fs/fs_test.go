@@ -256,11 +256,11 @@ func TestMmapLoadFromAnotherProcess(t *testing.T) {
 		t.Errorf("loader copied %d tensor bytes, want %d", got, want)
 	}
 	// Twice: the second load is served by the page cache.
-	served := mt.fetcher.Stats.BytesServed.Load()
+	served := mt.m.Stats().ReadBytes.Load()
 	if got := loadInChild(t, files...); got != want {
 		t.Errorf("second load copied %d tensor bytes, want %d", got, want)
 	}
-	if again := mt.fetcher.Stats.BytesServed.Load(); again != served {
+	if again := mt.m.Stats().ReadBytes.Load(); again != served {
 		t.Errorf("second load reached the daemon for %d bytes; the page cache should have served it", again-served)
 	}
 }
@@ -335,13 +335,13 @@ func TestMountSettings(t *testing.T) {
 	if got, _ := os.ReadFile(filepath.Join(mt.dir, "w.bin")); !bytes.Equal(got, want) {
 		t.Fatal("first read differs from the source")
 	}
-	served := mt.fetcher.Stats.BytesServed.Load()
+	served := mt.m.Stats().ReadBytes.Load()
 	for i := 0; i < 3; i++ {
 		if got, _ := os.ReadFile(filepath.Join(mt.dir, "w.bin")); !bytes.Equal(got, want) {
 			t.Fatal("reread differs from the source")
 		}
 	}
-	if again := mt.fetcher.Stats.BytesServed.Load(); again != served {
+	if again := mt.m.Stats().ReadBytes.Load(); again != served {
 		t.Errorf("reopening the file re-read %d bytes through the daemon", again-served)
 	}
 	var sfs unix.Statfs_t
