@@ -11,6 +11,7 @@ require (
 	github.com/dgraph-io/ristretto/v2 v2.4.2
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/urfave/cli/v2 v2.27.7
+	github.com/volcengine/ve-tos-golang-sdk/v2 v2.9.9
 	golang.org/x/sync v0.25.0
 	golang.org/x/sys v0.48.0
 )

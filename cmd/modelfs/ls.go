@@ -18,10 +18,10 @@ func lsCommand() *cli.Command {
 		Name:      "ls",
 		Usage:     "list what a mount of URI would show, without mounting",
 		ArgsUsage: "URI",
-		Flags: append(append([]cli.Flag{
+		Flags: concat([]cli.Flag{
 			&cli.StringFlag{Name: "allow-suffix", EnvVars: []string{"MODELFS_ALLOW_SUFFIX", "DOWNLOADER_ALLOW_FILE_SUFFIX"},
 				Usage: "list only files with these comma-separated suffixes"},
-		}, storeFlags...), logFlags...),
+		}, storeFlags, logFlags),
 		Action: func(c *cli.Context) error {
 			if err := setupLogging(c, c.App.ErrWriter); err != nil {
 				return err
@@ -67,7 +67,7 @@ func catCommand() *cli.Command {
 		Name:      "cat",
 		Usage:     "write one object to standard output, without mounting",
 		ArgsUsage: "URI (s3://BUCKET/KEY or tos://BUCKET/KEY)",
-		Flags:     append(append([]cli.Flag{}, storeFlags...), logFlags...),
+		Flags:     concat(storeFlags, policyFlags, logFlags),
 		Action: func(c *cli.Context) error {
 			if err := setupLogging(c, c.App.ErrWriter); err != nil {
 				return err
@@ -93,7 +93,11 @@ func catCommand() *cli.Command {
 			if err != nil {
 				return explain(err, loc, store)
 			}
-			r := backend.NewReader(store, backend.DefaultPolicy)
+			policy, err := parsePolicy(c)
+			if err != nil {
+				return err
+			}
+			r := backend.NewReader(store, policy)
 			w := bufio.NewWriterSize(c.App.Writer, 1<<20)
 			buf := make([]byte, 8<<20)
 			for off := int64(0); off < obj.Size; {

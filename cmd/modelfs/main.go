@@ -94,3 +94,12 @@ func setupLogging(c *cli.Context, w io.Writer) error {
 func usageErr(format string, a ...any) error {
 	return cli.Exit(fmt.Sprintf(format, a...), 2)
 }
+
+// concat joins flag groups into a new slice.
+func concat(groups ...[]cli.Flag) []cli.Flag {
+	var out []cli.Flag
+	for _, g := range groups {
+		out = append(out, g...)
+	}
+	return out
+}

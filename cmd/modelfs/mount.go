@@ -68,7 +68,7 @@ SIGINT or SIGTERM.
 Credentials come from the SDK's standard chain: for s3://, the AWS
 environment variables, shared config and profiles, web identity or
 instance metadata.`,
-		Flags:  append(append(append([]cli.Flag{}, storeFlags...), flags...), logFlags...),
+		Flags:  concat(storeFlags, flags, policyFlags, logFlags),
 		Action: runMount,
 	}
 }
@@ -82,6 +82,7 @@ type mountConfig struct {
 	fsOpts     fs.Options
 	fetch      prefetch.Config
 	mode       prefetch.Mode
+	policy     backend.Policy
 	gbps       float64
 	filter     fs.Filter
 }
@@ -118,6 +119,9 @@ func parseMountFlags(c *cli.Context) (*mountConfig, error) {
 	mc.fsOpts.MaxBackground = c.Int("max-background")
 	if mc.fsOpts.MaxBackground < 1 || mc.fsOpts.MaxBackground > 65535 {
 		return nil, usageErr("--max-background %d: want 1 to 65535", mc.fsOpts.MaxBackground)
+	}
+	if mc.policy, err = parsePolicy(c); err != nil {
+		return nil, err
 	}
 	if mc.mode, err = prefetch.ParseMode(c.String("prefetch")); err != nil {
 		return nil, usageErr("--prefetch: %v", err)
@@ -215,7 +219,7 @@ func runMount(c *cli.Context) error {
 		return usageErr("%v", err)
 	}
 	defer chunks.Close()
-	reader := backend.NewReader(store, backend.DefaultPolicy)
+	reader := backend.NewReader(store, mc.policy)
 	fetcher := prefetch.New(chunks, reader, mc.fetch)
 	m, err := fs.MountTree(mc.mountpoint, tree, fetcher, mc.fsOpts)
 	if err != nil {

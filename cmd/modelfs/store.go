@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -16,13 +17,42 @@ import (
 // storeFlags select and reach the object store.
 var storeFlags = []cli.Flag{
 	&cli.StringFlag{Name: "endpoint", Usage: "object store URL (default: AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL for s3://, " +
-		"TOS_ENDPOINT for tos://, else the store's public endpoint)"},
-	&cli.StringFlag{Name: "region", Usage: "region (default: AWS_REGION or the shared config for s3://, TOS_REGION for tos://)"},
-	&cli.BoolFlag{Name: "force-path-style", Usage: "address buckets as ENDPOINT/BUCKET (automatic for IP and localhost endpoints)"},
+		"TOS_ENDPOINT for tos://, else the store's public endpoint; for tos:// a bare HOST means https, and a local server needs an IP address)"},
+	&cli.StringFlag{Name: "region", Usage: "region (default: AWS_REGION or the shared config for s3://; required for tos://, default TOS_REGION)"},
+	&cli.BoolFlag{Name: "force-path-style", Usage: "address buckets as ENDPOINT/BUCKET (s3:// only; automatic for IP and localhost endpoints)"},
+}
+
+// policyFlags bound every GET.
+var policyFlags = []cli.Flag{
+	&cli.DurationFlag{Name: "request-timeout", Value: backend.DefaultPolicy.FirstByteTimeout, EnvVars: []string{"MODELFS_REQUEST_TIMEOUT"},
+		Usage: "abort and retry a GET that has not delivered its first byte in this time"},
+	&cli.StringFlag{Name: "low-speed-limit", Value: "1MiB", EnvVars: []string{"MODELFS_LOW_SPEED_LIMIT"},
+		Usage: "abort and retry a GET moving fewer bytes per second than this over " + backend.DefaultPolicy.LowSpeedWindow.String() + " (0: off)"},
+	&cli.IntFlag{Name: "max-attempts", Value: backend.DefaultPolicy.Attempts, EnvVars: []string{"MODELFS_MAX_ATTEMPTS"},
+		Usage: "tries of one read before it fails with EIO"},
+}
+
+func parsePolicy(c *cli.Context) (backend.Policy, error) {
+	p := backend.DefaultPolicy
+	p.FirstByteTimeout = c.Duration("request-timeout")
+	if p.FirstByteTimeout < 100*time.Millisecond || p.FirstByteTimeout > 10*time.Minute {
+		return p, usageErr("--request-timeout %v: want 100ms to 10m", p.FirstByteTimeout)
+	}
+	limit, err := parseSize(c.String("low-speed-limit"))
+	if err != nil {
+		return p, usageErr("--low-speed-limit: %v", err)
+	}
+	p.LowSpeedLimit = limit
+	p.Attempts = c.Int("max-attempts")
+	if p.Attempts < 1 || p.Attempts > 100 {
+		return p, usageErr("--max-attempts %d: want 1 to 100", p.Attempts)
+	}
+	return p, nil
 }
 
 // openStore connects to the store loc names. Credentials come from each
-// SDK's standard chain, never from flags.
+// SDK's standard chain (for tos://: TOS_ACCESS_KEY, TOS_SECRET_KEY,
+// TOS_SECURITY_TOKEN), never from flags.
 func openStore(ctx context.Context, c *cli.Context, loc backend.Location, conns int) (backend.Store, error) {
 	return backend.Open(ctx, loc, storeConfig(c, conns))
 }

@@ -1,7 +1,7 @@
-// Package testenv starts the real servers that modelfs's tests, demo and
-// bench talk to: versitygw (an S3 gateway over a local directory) on
-// loopback. It is shared by tests and by the demo and bench programs, so it
-// takes no *testing.T.
+// Package testenv starts the servers that modelfs's tests, demo and bench
+// talk to on loopback: versitygw (a real S3 gateway over a local directory)
+// and an in-process TOS protocol server (tos.go). It is shared by tests and
+// by the demo and bench programs, so it takes no *testing.T.
 package testenv
 
 import (
