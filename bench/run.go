@@ -156,9 +156,10 @@ func run(args []string) error {
 	}
 	if want("cat") {
 		err := best("cold cat", func() (row, error) {
-			return w.phase("cold cat", mountFlags, func(mnt string) (int64, error) {
-				cmd := exec.Command("cat", prefixAll(mnt, files)...)
-				return modelBytes, cmd.Run() // stdout is /dev/null
+			return w.phase("cold cat", mountFlags, func(mnt string) (int64, float64, error) {
+				start := time.Now()
+				err := exec.Command("cat", prefixAll(mnt, files)...).Run() // stdout is /dev/null
+				return modelBytes, time.Since(start).Seconds(), err
 			})
 		})
 		if err != nil {
@@ -168,21 +169,21 @@ func run(args []string) error {
 	if want("load") {
 		var warm, loc row
 		err := best("cold mmap load", func() (row, error) {
-			return w.phase("cold mmap load", mountFlags, func(mnt string) (int64, error) {
+			return w.phase("cold mmap load", mountFlags, func(mnt string) (int64, float64, error) {
 				res, err := runLoader(false, prefixAll(mnt, files))
 				if err != nil {
-					return 0, err
+					return 0, 0, err
 				}
 				// Warm reloads and the local page-cached copy take turns,
 				// so that both see the same machine.
 				for i := 0; i < 2 && want("warm"); i++ {
 					wr, err := runLoader(false, prefixAll(mnt, files))
 					if err != nil {
-						return 0, err
+						return 0, 0, err
 					}
 					lr, err := runLoader(false, local)
 					if err != nil {
-						return 0, err
+						return 0, 0, err
 					}
 					if warm.Seconds == 0 || wr.Seconds < warm.Seconds {
 						warm = row{System: "modelfs", Workload: "warm reload (same mount)", Bytes: wr.Bytes, Seconds: wr.Seconds}
@@ -191,7 +192,7 @@ func run(args []string) error {
 						loc = row{System: "local", Workload: "page-cached copy", Bytes: lr.Bytes, Seconds: lr.Seconds}
 					}
 				}
-				return res.Bytes, nil
+				return res.Bytes, res.Seconds, nil
 			})
 		})
 		if err != nil {
@@ -205,7 +206,8 @@ func run(args []string) error {
 	}
 	if want("two") {
 		err := best("two concurrent loaders", func() (row, error) {
-			return w.phase("two concurrent loaders", mountFlags, func(mnt string) (int64, error) {
+			return w.phase("two concurrent loaders", mountFlags, func(mnt string) (int64, float64, error) {
+				start := time.Now()
 				var g errgroup.Group
 				var mu sync.Mutex
 				var total int64
@@ -218,7 +220,8 @@ func run(args []string) error {
 						return err
 					})
 				}
-				return total, g.Wait()
+				err := g.Wait()
+				return total, time.Since(start).Seconds(), err
 			})
 		})
 		if err != nil {
@@ -236,16 +239,18 @@ func run(args []string) error {
 
 // phase mounts afresh, runs work against the mount, and measures it with
 // the daemon's peak RSS, CPU time and the bytes the server sent.
-func (w *world) phase(name string, flags []string, work func(mnt string) (int64, error)) (row, error) {
+// work does a workload on a mount and returns the bytes it moved in the
+// seconds it timed.
+type work func(mnt string) (bytes int64, secs float64, err error)
+
+func (w *world) phase(name string, flags []string, do work) (row, error) {
 	d, err := w.mount(flags...)
 	if err != nil {
 		return row{}, err
 	}
 	sent0, _ := testenv.WrittenBytes(w.srv.Pid())
 	srv0, _ := testenv.Proc(w.srv.Pid())
-	start := time.Now()
-	n, err := work(d.Mountpoint)
-	secs := time.Since(start).Seconds()
+	n, secs, err := do(d.Mountpoint)
 	if err != nil {
 		return row{}, fmt.Errorf("%s: %w\nmodelfs log:\n%s", name, err, d.Log())
 	}

@@ -7,12 +7,19 @@
 // The kernel caches everything it is told: entries, attributes and negative
 // lookups live for Options.Timeout and open files keep their page cache
 // (FOPEN_KEEP_CACHE), so a second load never reaches this process.
+//
+// Each file shows one object version at a time (see version). A re-list
+// (Mount.Refresh) that finds a new version retires the old one, drops the
+// kernel's cached pages and attributes, and only then publishes the new
+// one, so no reader ever sees bytes of two versions: handles opened before
+// the change get ESTALE once the old bytes are gone.
 package fs
 
 import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -30,9 +37,9 @@ const blockSize = 1 << 20
 
 type root struct {
 	dir
-	tree    *Tree
+	tree    atomic.Pointer[Tree]
 	fetcher *prefetch.Fetcher
-	files   []*prefetch.File
+	files   []*prefetch.File // the versions listed at mount, in path order
 }
 
 // Stats counts metadata operations that reached this process; the kernel
@@ -52,10 +59,68 @@ type dir struct {
 
 type file struct {
 	gofs.Inode
-	f       *prefetch.File
 	fetcher *prefetch.Fetcher
 	stats   *Stats
+
+	// swap is held for writing while a new version replaces cur, so that
+	// an open never gets a version on its way out.
+	swap sync.RWMutex
+	cur  atomic.Pointer[version]
 }
+
+// version is one object version as a file shows it. Reads hold it from
+// the request until their reply has been written; retire waits for those
+// and fails every later read with ESTALE, so that none of its bytes reach
+// the page cache once the cache has been invalidated for a new version.
+type version struct {
+	f *prefetch.File
+
+	mu      sync.Mutex
+	readers int
+	retired bool
+	idle    chan struct{} // closed when the last reader leaves a retired version
+}
+
+func (v *version) begin() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.retired {
+		return false
+	}
+	v.readers++
+	return true
+}
+
+func (v *version) end() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.readers--
+	if v.retired && v.readers == 0 && v.idle != nil {
+		close(v.idle)
+		v.idle = nil
+	}
+}
+
+// retire ends the version and waits up to timeout for its reads to finish.
+func (v *version) retire(timeout time.Duration) {
+	v.mu.Lock()
+	v.retired = true
+	if v.readers == 0 {
+		v.mu.Unlock()
+		return
+	}
+	idle := make(chan struct{})
+	v.idle = idle
+	v.mu.Unlock()
+	select {
+	case <-idle:
+	case <-time.After(timeout):
+		slog.Warn("reads of a replaced object still running; invalidating anyway", "file", v.f.Name)
+	}
+}
+
+// handle is an open file: it reads the version that was current at open.
+type handle struct{ v *version }
 
 var (
 	_ = (gofs.NodeOnAdder)((*root)(nil))
@@ -65,10 +130,12 @@ var (
 	_ = (gofs.NodeGetattrer)((*file)(nil))
 	_ = (gofs.NodeOpener)((*file)(nil))
 	_ = (gofs.NodeReader)((*file)(nil))
+	_ = (gofs.FileHandle)((*handle)(nil))
 )
 
 func newRoot(t *Tree, f *prefetch.Fetcher) *root {
-	r := &root{tree: t, fetcher: f}
+	r := &root{fetcher: f}
+	r.tree.Store(t)
 	r.mtime = t.Root.ModTime
 	r.stats = new(Stats)
 	Walk(t.Root, func(p string, e *Entry) {
@@ -86,25 +153,35 @@ func (r *root) OnAdd(ctx context.Context) {
 	add = func(p *gofs.Inode, e *Entry) {
 		for _, c := range e.Sorted() {
 			if c.IsDir() {
-				d := &dir{mtime: c.ModTime, stats: r.stats}
-				ch := p.NewPersistentInode(ctx, d, gofs.StableAttr{Mode: fuse.S_IFDIR})
-				p.AddChild(c.Name, ch, false)
-				add(ch, c)
+				add(r.newDir(ctx, p, c), c)
 				continue
 			}
-			n := &file{f: r.files[i], fetcher: r.fetcher, stats: r.stats}
+			r.newFile(ctx, p, c.Name, r.files[i])
 			i++
-			p.AddChild(c.Name, p.NewPersistentInode(ctx, n, gofs.StableAttr{Mode: fuse.S_IFREG}), false)
 		}
 	}
-	add(&r.Inode, r.tree.Root)
+	add(&r.Inode, r.tree.Load().Root)
+}
+
+func (r *root) newDir(ctx context.Context, parent *gofs.Inode, e *Entry) *gofs.Inode {
+	d := &dir{mtime: e.ModTime, stats: r.stats}
+	ch := parent.NewPersistentInode(ctx, d, gofs.StableAttr{Mode: fuse.S_IFDIR})
+	parent.AddChild(e.Name, ch, false)
+	return ch
+}
+
+func (r *root) newFile(ctx context.Context, parent *gofs.Inode, name string, f *prefetch.File) {
+	n := &file{fetcher: r.fetcher, stats: r.stats}
+	n.cur.Store(&version{f: f})
+	parent.AddChild(name, parent.NewPersistentInode(ctx, n, gofs.StableAttr{Mode: fuse.S_IFREG}), false)
 }
 
 func (r *root) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	out.Bsize = blockSize
 	out.Frsize = blockSize
-	out.Blocks = uint64((r.tree.Bytes + blockSize - 1) / blockSize)
-	out.Files = uint64(r.tree.Files)
+	t := r.tree.Load()
+	out.Blocks = uint64((t.Bytes + blockSize - 1) / blockSize)
+	out.Files = uint64(t.Files)
 	out.NameLen = 255
 	return 0
 }
@@ -133,7 +210,10 @@ func (d *dir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut
 }
 
 func (n *file) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	obj := n.f.Obj
+	obj := n.cur.Load().f.Obj
+	if h, ok := fh.(*handle); ok {
+		obj = h.v.f.Obj
+	}
 	out.Mode = fuse.S_IFREG | 0o444
 	out.Nlink = 1
 	out.Size = uint64(obj.Size)
@@ -153,24 +233,35 @@ func setTimes(a *fuse.Attr, t time.Time) {
 }
 
 // Open keeps the kernel's page cache across opens: the contents of a
-// listed object version never change.
+// listed object version never change, and a new version invalidates the
+// cache before any open can see it.
 func (n *file) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC|syscall.O_APPEND) != 0 {
 		return nil, 0, syscall.EROFS
 	}
-	return nil, fuse.FOPEN_KEEP_CACHE, 0
+	n.swap.RLock()
+	defer n.swap.RUnlock()
+	return &handle{v: n.cur.Load()}, fuse.FOPEN_KEEP_CACHE, 0
 }
 
 func (n *file) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	spans, err := n.fetcher.Read(ctx, n.f, off, len(dest))
+	v := n.cur.Load()
+	if h, ok := fh.(*handle); ok {
+		v = h.v
+	}
+	if !v.begin() {
+		return nil, syscall.ESTALE
+	}
+	spans, err := n.fetcher.Read(ctx, v.f, off, len(dest))
 	if err != nil {
+		v.end()
 		e := errno(err)
 		if e != syscall.EINTR {
-			slog.Warn("read failed", "file", n.f.Name, "offset", off, "size", len(dest), "errno", e.Error(), "err", err)
+			slog.Warn("read failed", "file", v.f.Name, "offset", off, "size", len(dest), "errno", e.Error(), "err", err)
 		}
 		return nil, e
 	}
-	r := &reply{fetcher: n.fetcher, f: n.f, spans: spans}
+	r := &reply{fetcher: n.fetcher, v: v, spans: spans}
 	n.stats.Reads.Add(1)
 	n.stats.ReadBytes.Add(int64(r.Size()))
 	return r, 0
@@ -181,7 +272,7 @@ func (n *file) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 // the chunks may be released: until then the kernel has not copied them.
 type reply struct {
 	fetcher *prefetch.Fetcher
-	f       *prefetch.File
+	v       *version
 	spans   []prefetch.Span
 }
 
@@ -212,8 +303,9 @@ func (r *reply) Bytes(buf []byte) ([]byte, fuse.Status) {
 }
 
 func (r *reply) Done() {
-	r.fetcher.Delivered(r.f, r.spans)
+	r.fetcher.Delivered(r.v.f, r.spans)
 	r.spans = nil
+	r.v.end()
 }
 
 // errno maps a read error to the status a reader sees, in one place: an

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
 	"github.com/modelfs/modelfs/backend"
 	"github.com/modelfs/modelfs/cache"
 	"github.com/modelfs/modelfs/fs"
@@ -132,7 +134,9 @@ func mountBucket(t *testing.T, bucket, prefix string, o mountOpts) *mounted {
 	r := backend.NewReader(st, backend.DefaultPolicy)
 	f := prefetch.New(c, r, o.fetch)
 	dir := t.TempDir()
-	m, err := fs.MountTree(dir, tree, f, fs.DefaultOptions)
+	opts := fs.DefaultOptions
+	opts.Relist = func(ctx context.Context) (*fs.Tree, error) { return fs.List(ctx, st, prefix, o.filter) }
+	m, err := fs.MountTree(dir, tree, f, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,4 +172,8 @@ func loadInChild(t *testing.T, files ...string) int64 {
 		t.Fatalf("loader output %q: %v", out, err)
 	}
 	return r.Bytes
+}
+
+func deleteInput(bucket, key string) *s3.DeleteObjectInput {
+	return &s3.DeleteObjectInput{Bucket: &bucket, Key: &key}
 }

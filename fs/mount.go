@@ -1,6 +1,7 @@
 package fs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log"
@@ -37,6 +38,10 @@ type Options struct {
 	Timeout time.Duration
 	// Debug logs every FUSE request.
 	Debug bool
+	// Relist lists the source again, for Mount.Refresh; MetadataTTL > 0
+	// refreshes that often.
+	Relist      func(context.Context) (*Tree, error)
+	MetadataTTL time.Duration
 }
 
 // DefaultOptions are measured on the benchmark (see README): 1 MiB reads,
@@ -54,6 +59,8 @@ type Mount struct {
 	Dir    string
 	server *fuse.Server
 	root   *root
+	relist func(context.Context) (*Tree, error)
+	stop   context.CancelFunc // ends the refresh loop
 }
 
 // CheckMountpoint makes sure dir can be mounted on: it must be an existing
@@ -112,7 +119,11 @@ func MountTree(dir string, t *Tree, f *prefetch.Fetcher, o Options) (*Mount, err
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}
-	m := &Mount{Dir: dir, server: srv, root: r}
+	ctx, stop := context.WithCancel(context.Background())
+	m := &Mount{Dir: dir, server: srv, root: r, relist: o.Relist, stop: stop}
+	if o.MetadataTTL > 0 && o.Relist != nil {
+		go m.refreshEvery(ctx, o.MetadataTTL)
+	}
 	if o.ReadAheadKB > 0 {
 		if err := setReadAhead(dir, o.ReadAheadKB); err != nil {
 			slog.Warn("cannot raise the mount's readahead; sequential reads will be slower", "err", err)
@@ -131,6 +142,7 @@ func (m *Mount) Files() []*prefetch.File { return m.root.files }
 // free at once and the kernel ends the connection when the last file
 // closes (or when this process exits).
 func (m *Mount) Unmount() error {
+	m.stop()
 	err := unmount(m.Dir, false)
 	if errors.Is(err, syscall.EBUSY) {
 		err = unmount(m.Dir, true)

@@ -131,6 +131,12 @@ func TestBadInputFailsBeforeMounting(t *testing.T) {
 		{name: "concurrency", args: []string{"--concurrency", "0"}, want: "--concurrency 0"},
 		{name: "part-size", args: []string{"--part-size", "4K"}, want: "--part-size 4K"},
 		{name: "log-level", args: []string{"--log-level", "loud"}, want: `--log-level "loud"`},
+		{name: "request-timeout", args: []string{"--request-timeout", "1ms"}, want: "--request-timeout 1ms"},
+		{name: "max-attempts", args: []string{"--max-attempts", "0"}, want: "--max-attempts 0"},
+		{name: "metadata-ttl", args: []string{"--metadata-ttl", "10ms"}, want: "--metadata-ttl 10ms"},
+		{name: "prefetch mode", args: []string{"--prefetch", "some"}, want: `prefetch mode "some"`},
+		{name: "tos without region", env: []string{"TOS_REGION=", "TOS_ACCESS_KEY=a", "TOS_SECRET_KEY=b"},
+			args: []string{"--endpoint", "http://127.0.0.1:1"}, uri: "tos://bucket/m", want: "TOS needs a region"},
 		{name: "log-format", args: []string{"--log-format", "xml"}, want: `--log-format "xml"`},
 	}
 	for _, c := range cases {

@@ -52,6 +52,8 @@ func mountCommand() *cli.Command {
 			Usage: "parallel GETs (default: from the network profile)"},
 		&cli.StringFlag{Name: "part-size", EnvVars: []string{"MODELFS_PART_SIZE"},
 			Usage: "size of readahead and prefetch GETs (default: from the network profile)"},
+		&cli.DurationFlag{Name: "metadata-ttl", Value: 5 * time.Minute, EnvVars: []string{"MODELFS_METADATA_TTL"},
+			Usage: "re-list the prefix this often: new, replaced and deleted objects show to new opens (0: never)"},
 		&cli.BoolFlag{Name: "debug-fuse", Usage: "log every FUSE request"},
 		&cli.StringFlag{Name: "cpu-profile", Hidden: true, Usage: "write a Go CPU profile of the whole run to this file"},
 	}
@@ -112,6 +114,10 @@ func parseMountFlags(c *cli.Context) (*mountConfig, error) {
 	mc.fsOpts.FsName = loc.String()
 	mc.fsOpts.AllowOther = c.Bool("allow-other")
 	mc.fsOpts.Debug = c.Bool("debug-fuse")
+	mc.fsOpts.MetadataTTL = c.Duration("metadata-ttl")
+	if mc.fsOpts.MetadataTTL != 0 && mc.fsOpts.MetadataTTL < time.Second {
+		return nil, usageErr("--metadata-ttl %v: want 0 (never) or at least 1s", mc.fsOpts.MetadataTTL)
+	}
 	mc.fsOpts.ReadAheadKB = c.Int("read-ahead-kb")
 	if mc.fsOpts.ReadAheadKB < 0 || mc.fsOpts.ReadAheadKB > 1<<20 {
 		return nil, usageErr("--read-ahead-kb %d: want 0 to 1048576", mc.fsOpts.ReadAheadKB)
@@ -187,14 +193,18 @@ func runMount(c *cli.Context) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	store, err := openStore(ctx, c, mc.loc, 2*mc.fetch.Concurrency)
+	// Room for the most GETs any profile runs, plus the demand reserve.
+	store, err := openStore(ctx, c, mc.loc, 2*max(mc.fetch.Concurrency, 64))
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	listCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	tree, err := fs.List(listCtx, store, mc.loc.Prefix, mc.filter)
-	cancel()
+	mc.fsOpts.Relist = func(ctx context.Context) (*fs.Tree, error) {
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		return fs.List(ctx, store, mc.loc.Prefix, mc.filter)
+	}
+	tree, err := mc.fsOpts.Relist(ctx)
 	if err != nil {
 		return explain(err, mc.loc, store)
 	}

@@ -1,0 +1,134 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"path"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+
+	"github.com/modelfs/modelfs/prefetch"
+)
+
+// retireTimeout bounds how long a version swap waits for reads of the old
+// version that are already under way.
+const retireTimeout = 10 * time.Second
+
+// Changes counts what a refresh did.
+type Changes struct{ Added, Changed, Removed int }
+
+// Refresh lists the prefix again and applies the differences to the
+// mounted tree: new files and directories appear (and the kernel forgets
+// that they were missing), deleted ones disappear, and a file whose object
+// has a new version shows it to opens from now on, while handles opened
+// before get ESTALE once the old bytes are gone.
+func (m *Mount) Refresh(ctx context.Context) (Changes, error) {
+	if m.relist == nil {
+		return Changes{}, errors.New("this mount has no listing to refresh from")
+	}
+	t, err := m.relist(ctx)
+	if err != nil {
+		return Changes{}, err
+	}
+	return m.root.apply(ctx, t), nil
+}
+
+// refreshEvery re-lists every ttl until ctx ends.
+func (m *Mount) refreshEvery(ctx context.Context, ttl time.Duration) {
+	t := time.NewTicker(ttl)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c, err := m.Refresh(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			slog.Warn("re-listing failed; keeping the tree as it was", "err", err)
+		case c != Changes{}:
+			slog.Info("re-listed", "added", c.Added, "changed", c.Changed, "removed", c.Removed)
+		}
+	}
+}
+
+// apply makes the inode tree match t.
+func (r *root) apply(ctx context.Context, t *Tree) Changes {
+	var c Changes
+	var walk func(p *gofs.Inode, e *Entry, dirPath string)
+	walk = func(p *gofs.Inode, e *Entry, dirPath string) {
+		for name, want := range e.Children {
+			childPath := path.Join(dirPath, name)
+			have := p.GetChild(name)
+			if have != nil {
+				if _, isDir := have.Operations().(*dir); isDir != want.IsDir() {
+					r.remove(p, name, have)
+					c.Removed++
+					have = nil
+				}
+			}
+			switch {
+			case have == nil && want.IsDir():
+				walk(r.newDir(ctx, p, want), want, childPath)
+				p.NotifyEntry(name) // the kernel may hold a negative entry
+				c.Added++
+			case have == nil:
+				r.newFile(ctx, p, name, r.fetcher.File(childPath, *want.Obj))
+				p.NotifyEntry(name)
+				c.Added++
+			case want.IsDir():
+				walk(have, want, childPath)
+			default:
+				n := have.Operations().(*file)
+				if old := n.cur.Load().f.Obj; old.Key != want.Obj.Key || old.ETag != want.Obj.ETag ||
+					old.Size != want.Obj.Size || !old.ModTime.Equal(want.Obj.ModTime) {
+					n.replace(r.fetcher.File(childPath, *want.Obj))
+					c.Changed++
+				}
+			}
+		}
+		for name, have := range p.Children() {
+			if _, ok := e.Children[name]; !ok {
+				r.remove(p, name, have)
+				c.Removed++
+			}
+		}
+	}
+	walk(&r.Inode, t.Root, "")
+	r.tree.Store(t)
+	return c
+}
+
+// replace publishes a new version of the file: the old one is retired
+// (reads under way finish, later ones fail), the kernel drops its cached
+// pages and attributes, and only then can an open get the new one.
+func (n *file) replace(f *prefetch.File) {
+	n.swap.Lock()
+	defer n.swap.Unlock()
+	n.cur.Load().retire(retireTimeout)
+	n.NotifyContent(0, 0)
+	n.cur.Store(&version{f: f})
+}
+
+// remove takes a file or directory out of the tree, retiring every file
+// version below it.
+func (r *root) remove(p *gofs.Inode, name string, ch *gofs.Inode) {
+	var retire func(in *gofs.Inode)
+	retire = func(in *gofs.Inode) {
+		if n, ok := in.Operations().(*file); ok {
+			n.swap.Lock()
+			n.cur.Load().retire(retireTimeout)
+			n.swap.Unlock()
+			return
+		}
+		for _, c := range in.Children() {
+			retire(c)
+		}
+	}
+	retire(ch)
+	p.RmChild(name)
+	p.NotifyEntry(name)
+}

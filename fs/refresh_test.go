@@ -1,0 +1,78 @@
+package fs_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/modelfs/modelfs/fs"
+)
+
+// TestRefreshNeverMixesVersions: an object replaced under an open handle
+// gives that handle its old bytes or ESTALE, never a byte of the new
+// version; new opens see the new version; added and deleted objects
+// appear and disappear, even where the kernel had cached a miss.
+func TestRefreshNeverMixesVersions(t *testing.T) {
+	b := newBucket(t)
+	const size = 10 * testChunk
+	oldData, newData := bytes.Repeat([]byte{'A'}, size), bytes.Repeat([]byte{'B'}, size)
+	put(t, b, "w", oldData)
+	put(t, b, "gone", []byte("bye"))
+	mt := mountBucket(t, b, "", mountOpts{})
+	p := func(s string) string { return filepath.Join(mt.dir, s) }
+
+	if _, err := os.Stat(p("new")); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("stat new before it exists: %v", err) // the kernel now caches the miss
+	}
+	f, err := os.OpenFile(p("w"), os.O_RDONLY|syscall.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, testChunk)
+	if _, err := f.ReadAt(buf, 0); err != nil || buf[0] != 'A' {
+		t.Fatalf("first read: %v %q", err, buf[:1])
+	}
+
+	put(t, b, "w", newData)
+	put(t, b, "new", []byte("hello"))
+	if _, err := srv.Client().DeleteObject(context.Background(), deleteInput(b, "gone")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := mt.m.Refresh(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c != (fs.Changes{Added: 1, Changed: 1, Removed: 1}) {
+		t.Errorf("refresh changes %+v, want one of each", c)
+	}
+
+	stale := 0
+	for off := int64(0); off < size; off += testChunk {
+		n, err := f.ReadAt(buf, off)
+		switch {
+		case errors.Is(err, syscall.ESTALE):
+			stale++
+		case err != nil:
+			t.Fatalf("old handle at %d: %v, want its old bytes or ESTALE", off, err)
+		case bytes.IndexByte(buf[:n], 'B') >= 0:
+			t.Fatalf("old handle read bytes of the new version at %d", off)
+		}
+	}
+	if stale == 0 {
+		t.Error("the old handle never saw ESTALE after its object was replaced")
+	}
+	if got, err := os.ReadFile(p("w")); err != nil || !bytes.Equal(got, newData) {
+		t.Errorf("a new open read %d bytes (%v), want the new version", len(got), err)
+	}
+	if got, err := os.ReadFile(p("new")); err != nil || string(got) != "hello" {
+		t.Errorf("added file: %q, %v", got, err)
+	}
+	if _, err := os.Stat(p("gone")); !errors.Is(err, syscall.ENOENT) {
+		t.Errorf("deleted file: %v, want ENOENT", err)
+	}
+}
