@@ -25,12 +25,12 @@ func demo(args []string) error {
 		return err
 	}
 	defer w.close()
-	d, err := w.mount()
+	d, err := w.mount(w.s3)
 	if err != nil {
 		return err
 	}
 	mnt := d.Mountpoint
-	fmt.Printf("mounted %s on %s\n\n$ ls -l %s\n", w.uri(), mnt, mnt)
+	fmt.Printf("mounted %s on %s\n\n$ ls -l %s\n", w.s3.uri, mnt, mnt)
 	ls := exec.Command("ls", "-l", mnt)
 	ls.Stdout, ls.Stderr = os.Stdout, os.Stderr
 	if err := ls.Run(); err != nil {

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/modelfs/modelfs/backend"
 	"github.com/modelfs/modelfs/internal/safetensors"
 	"github.com/modelfs/modelfs/internal/testenv"
 )
@@ -20,12 +21,26 @@ import (
 type world struct {
 	dir      string
 	srv      *testenv.S3Server
+	s3       *target // the model on srv
 	bucket   string
 	prefix   string // ends in "/"
 	files    []string
 	size     int64 // bytes of all objects
 	shards   []string
 	cleanups []func()
+}
+
+// target is a store holding the model: what the bench mounts and what it
+// reads directly for the ceiling.
+type target struct {
+	uri      string   // of the model
+	endpoint string   // for --endpoint
+	flags    []string // further mount flags the store needs
+	env      []string // credentials for the daemon
+	open     func(conns int) (backend.Store, error)
+	// pid is the server process, whose CPU time and written bytes the
+	// bench reads (this process for an in-process server).
+	pid int
 }
 
 // newWorld starts versitygw and seeds it with a generated model of spec
@@ -69,11 +84,19 @@ func (w *world) seed(spec safetensors.Spec) error {
 	}
 	w.defer_(w.srv.Stop)
 	fmt.Printf("versitygw serving %s\n", w.srv.Endpoint)
+	w.s3 = &target{
+		uri: "s3://" + w.bucket + "/" + strings.TrimSuffix(w.prefix, "/"), endpoint: w.srv.Endpoint,
+		env: w.srv.Env(), pid: w.srv.Pid(),
+		open: func(conns int) (backend.Store, error) {
+			return backend.NewS3(context.Background(), w.bucket, backend.Config{Endpoint: w.srv.Endpoint,
+				AccessKey: testenv.AccessKey, SecretKey: testenv.SecretKey, MaxConns: conns})
+		},
+	}
 	stamp := filepath.Join(w.dir, strings.TrimSuffix(w.prefix, "/")+".seeded")
 	want, _ := json.Marshal(spec)
 	if have, err := os.ReadFile(stamp); err == nil && bytes.Equal(have, want) {
 		fmt.Printf("reusing the model seeded in %s\n", w.dir)
-		return w.inventory(filepath.Join(w.srv.Root, w.bucket, w.prefix))
+		return w.inventory(w.localDir())
 	}
 	start := time.Now()
 	local := filepath.Join(w.dir, "model")
@@ -116,7 +139,8 @@ func (w *world) inventory(dir string) error {
 	return nil
 }
 
-func (w *world) uri() string { return "s3://" + w.bucket + "/" + strings.TrimSuffix(w.prefix, "/") }
+// localDir is where the server keeps the model's files: a local copy.
+func (w *world) localDir() string { return filepath.Join(w.srv.Root, w.bucket, w.prefix) }
 
 func (w *world) defer_(f func()) { w.cleanups = append(w.cleanups, f) }
 
@@ -128,15 +152,16 @@ func (w *world) close() {
 	w.cleanups = nil
 }
 
-// mount starts a modelfs daemon on a new mountpoint with extra flags.
-func (w *world) mount(extra ...string) (*testenv.Daemon, error) {
+// mount starts a modelfs daemon serving t on a new mountpoint with extra
+// flags.
+func (w *world) mount(t *target, extra ...string) (*testenv.Daemon, error) {
 	mnt, err := os.MkdirTemp(w.dir, "mnt-")
 	if err != nil {
 		return nil, err
 	}
-	args := append([]string{"--endpoint", w.srv.Endpoint}, extra...)
-	args = append(args, w.uri(), mnt)
-	d, err := testenv.StartDaemon(w.srv.Env(), time.Minute, args...)
+	args := append(append([]string{"--endpoint", t.endpoint}, t.flags...), extra...)
+	args = append(args, t.uri, mnt)
+	d, err := testenv.StartDaemon(t.env, time.Minute, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -176,4 +201,39 @@ func mounted(dir string) bool {
 		}
 	}
 	return false
+}
+
+// tosTarget starts the TOS protocol server in this process and seeds it
+// with the model's files. Stop the server when done: it holds them in RAM.
+func (w *world) tosTarget() (*target, func(), error) {
+	srv, err := testenv.StartTOS()
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx := context.Background()
+	if err := srv.CreateBucket(ctx, w.bucket); err != nil {
+		srv.Stop()
+		return nil, nil, err
+	}
+	for _, f := range w.files {
+		data, err := os.ReadFile(filepath.Join(w.localDir(), f))
+		if err == nil {
+			err = srv.Put(ctx, w.bucket, w.prefix+f, data)
+		}
+		if err != nil {
+			srv.Stop()
+			return nil, nil, err
+		}
+	}
+	fmt.Printf("TOS protocol server serving %s\n", srv.Endpoint)
+	return &target{
+		uri: "tos://" + w.bucket + "/" + strings.TrimSuffix(w.prefix, "/"), endpoint: srv.Endpoint,
+		flags: []string{"--region", srv.Region},
+		env:   append(os.Environ(), "TOS_ACCESS_KEY="+testenv.AccessKey, "TOS_SECRET_KEY="+testenv.SecretKey),
+		pid:   os.Getpid(),
+		open: func(conns int) (backend.Store, error) {
+			return backend.NewTOS(ctx, w.bucket, backend.Config{Endpoint: srv.Endpoint, Region: srv.Region,
+				AccessKey: testenv.AccessKey, SecretKey: testenv.SecretKey, MaxConns: conns})
+		},
+	}, srv.Stop, nil
 }

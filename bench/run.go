@@ -50,6 +50,7 @@ type report struct {
 	Shards     int     `json:"shards"`
 	Budget     int64   `json:"cache_budget_bytes"`
 	Ceiling    float64 `json:"ceiling_mib_per_s"`
+	TOSCeiling float64 `json:"tos_ceiling_mib_per_s,omitempty"`
 	Rows       []row   `json:"rows"`
 }
 
@@ -59,12 +60,12 @@ func run(args []string) error {
 	shards := fl.Int("shards", 2, "safetensors shards")
 	budgetMiB := fl.Int64("budget-mib", 512, "modelfs cache budget in MiB")
 	mixed := fl.Bool("mixed", false, "mixed-dtype shards (F8 weights with F32 scales)")
-	out := fl.String("json", "bench-results.json", "write the results here")
+	out := fl.String("json", "bench/results/latest.json", "write the results here")
 	extra := fl.String("flags", "", "extra modelfs mount flags, space separated")
 	keep := fl.String("keep", "", "keep the server's files in this directory and reuse a model seeded there")
 	fl.BoolVar(&verbose, "v", false, "print the daemon's counters after each workload")
 	repeat := fl.Int("repeat", 3, "runs of each workload; the fastest counts")
-	only := fl.String("only", "", "comma-separated workloads to run (ceiling,cat,load,warm,two); default all")
+	only := fl.String("only", "", "comma-separated workloads to run (ceiling,cat,load,warm,two,tos); default all")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -78,7 +79,7 @@ func run(args []string) error {
 	rep := &report{Machine: machine(), Date: time.Now().UTC().Format(time.RFC3339), Shards: *shards, Budget: *budgetMiB << 20}
 	var modelBytes int64
 	for _, s := range w.shards {
-		st, err := os.Stat(filepath.Join(w.srv.Root, w.bucket, w.prefix, s))
+		st, err := os.Stat(filepath.Join(w.localDir(), s))
 		if err != nil {
 			return err
 		}
@@ -92,15 +93,18 @@ func run(args []string) error {
 	// The server's files stay in the page cache for the whole run, so every
 	// row measures the path to the server, not the server's disk. A fresh
 	// mount starts with an empty page cache of its own.
-	if _, err := runLoader(false, prefixAll(filepath.Join(w.srv.Root, w.bucket, w.prefix), w.shardPaths(""))); err != nil {
+	if _, err := runLoader(false, prefixAll(w.localDir(), w.shardPaths(""))); err != nil {
 		return err
 	}
+	// ceiling is what rows are compared with: the S3 ceiling, but the TOS
+	// one for TOS rows.
+	ceiling := &rep.Ceiling
 	add := func(r row) {
 		if r.Seconds > 0 {
 			r.MiBps = float64(r.Bytes) / (1 << 20) / r.Seconds
 		}
-		if rep.Ceiling > 0 {
-			r.Ratio = r.MiBps / rep.Ceiling
+		if *ceiling > 0 {
+			r.Ratio = r.MiBps / *ceiling
 		}
 		if r.Fetched > 0 {
 			r.FetchedRate = float64(r.Fetched) / float64(modelBytes)
@@ -129,34 +133,38 @@ func run(args []string) error {
 		return nil
 	}
 	files := w.shardPaths("")
-	local := prefixAll(filepath.Join(w.srv.Root, w.bucket, w.prefix), files)
+	local := prefixAll(w.localDir(), files)
 
-	if want("ceiling") {
-		part := int64(64 << 20)
+	sweep := func(t *target, system string) (float64, error) {
+		var top float64
+		first := len(rep.Rows)
 		for _, conc := range []int{4, 8, 16} {
-			err := best(fmt.Sprintf("direct %d", conc), func() (row, error) {
-				srv0, _ := testenv.Proc(w.srv.Pid())
-				secs, err := w.directGET(conc, part)
-				srv1, _ := testenv.Proc(w.srv.Pid())
-				return row{System: "direct", Workload: fmt.Sprintf("ranged GET, %d × 64 MiB", conc), Bytes: modelBytes,
+			err := best(fmt.Sprintf("%s %d", system, conc), func() (row, error) {
+				srv0, _ := testenv.Proc(t.pid)
+				secs, err := w.directGET(t, conc, 64<<20)
+				srv1, _ := testenv.Proc(t.pid)
+				return row{System: system, Workload: fmt.Sprintf("ranged GET, %d × 64 MiB", conc), Bytes: modelBytes,
 					Seconds: secs, ServerCPUPerGiB: (srv1.CPU - srv0.CPU) / (float64(modelBytes) / (1 << 30))}, err
 			})
 			if err != nil {
-				return err
+				return 0, err
 			}
+			top = max(top, rep.Rows[len(rep.Rows)-1].MiBps)
 		}
 		// The ceiling is the best of the sweep; its rows stay in the report.
-		top := rep.Rows[len(rep.Rows)-3:]
-		for _, r := range top {
-			rep.Ceiling = max(rep.Ceiling, r.MiBps)
+		for i := first; i < len(rep.Rows); i++ {
+			rep.Rows[i].Ratio = rep.Rows[i].MiBps / top
 		}
-		for i := range top {
-			top[i].Ratio = top[i].MiBps / rep.Ceiling
+		return top, nil
+	}
+	if want("ceiling") {
+		if rep.Ceiling, err = sweep(w.s3, "direct"); err != nil {
+			return err
 		}
 	}
 	if want("cat") {
 		err := best("cold cat", func() (row, error) {
-			return w.phase("cold cat", mountFlags, func(mnt string) (int64, float64, error) {
+			return w.phase(w.s3, "cold cat", mountFlags, func(mnt string) (int64, float64, error) {
 				start := time.Now()
 				err := exec.Command("cat", prefixAll(mnt, files)...).Run() // stdout is /dev/null
 				return modelBytes, time.Since(start).Seconds(), err
@@ -169,7 +177,7 @@ func run(args []string) error {
 	if want("load") {
 		var warm, loc row
 		err := best("cold mmap load", func() (row, error) {
-			return w.phase("cold mmap load", mountFlags, func(mnt string) (int64, float64, error) {
+			return w.phase(w.s3, "cold mmap load", mountFlags, func(mnt string) (int64, float64, error) {
 				res, err := runLoader(false, prefixAll(mnt, files))
 				if err != nil {
 					return 0, 0, err
@@ -206,7 +214,7 @@ func run(args []string) error {
 	}
 	if want("two") {
 		err := best("two concurrent loaders", func() (row, error) {
-			return w.phase("two concurrent loaders", mountFlags, func(mnt string) (int64, float64, error) {
+			return w.phase(w.s3, "two concurrent loaders", mountFlags, func(mnt string) (int64, float64, error) {
 				start := time.Now()
 				var g errgroup.Group
 				var mu sync.Mutex
@@ -228,8 +236,33 @@ func run(args []string) error {
 			return err
 		}
 	}
+	if want("tos") {
+		t, stop, err := w.tosTarget()
+		if err != nil {
+			return err
+		}
+		ceiling = &rep.TOSCeiling
+		if rep.TOSCeiling, err = sweep(t, "direct TOS"); err == nil {
+			err = best("cold mmap load (TOS)", func() (row, error) {
+				r, err := w.phase(t, "cold mmap load (TOS)", mountFlags, func(mnt string) (int64, float64, error) {
+					res, err := runLoader(false, prefixAll(mnt, files))
+					return res.Bytes, res.Seconds, err
+				})
+				r.System = "modelfs TOS"
+				r.ServerCPUPerGiB = 0 // the server runs in this process: not separable
+				return r, err
+			})
+		}
+		stop()
+		if err != nil {
+			return err
+		}
+	}
 	printTable(rep)
 	b, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		return err
+	}
 	if err := os.WriteFile(*out, append(b, '\n'), 0o644); err != nil {
 		return err
 	}
@@ -243,19 +276,19 @@ func run(args []string) error {
 // seconds it timed.
 type work func(mnt string) (bytes int64, secs float64, err error)
 
-func (w *world) phase(name string, flags []string, do work) (row, error) {
-	d, err := w.mount(flags...)
+func (w *world) phase(t *target, name string, flags []string, do work) (row, error) {
+	d, err := w.mount(t, flags...)
 	if err != nil {
 		return row{}, err
 	}
-	sent0, _ := testenv.WrittenBytes(w.srv.Pid())
-	srv0, _ := testenv.Proc(w.srv.Pid())
+	sent0, _ := testenv.WrittenBytes(t.pid)
+	srv0, _ := testenv.Proc(t.pid)
 	n, secs, err := do(d.Mountpoint)
 	if err != nil {
 		return row{}, fmt.Errorf("%s: %w\nmodelfs log:\n%s", name, err, d.Log())
 	}
-	sent1, _ := testenv.WrittenBytes(w.srv.Pid())
-	srv1, _ := testenv.Proc(w.srv.Pid())
+	sent1, _ := testenv.WrittenBytes(t.pid)
+	srv1, _ := testenv.Proc(t.pid)
 	ps, _ := testenv.Proc(d.Pid())
 	gib := float64(n) / (1 << 30)
 	r := row{System: "modelfs", Workload: name, Bytes: n, Seconds: secs, PeakRSS: ps.PeakRSS,
@@ -286,13 +319,13 @@ func totals(log string) map[string]any {
 
 // directGET reads every shard with parallel ranged GETs of part bytes,
 // conc at a time, straight from the server, and returns the seconds.
-func (w *world) directGET(conc int, part int64) (float64, error) {
+func (w *world) directGET(t *target, conc int, part int64) (float64, error) {
 	ctx := context.Background()
-	st, err := backend.NewS3(ctx, w.bucket, backend.Config{Endpoint: w.srv.Endpoint,
-		AccessKey: testenv.AccessKey, SecretKey: testenv.SecretKey, MaxConns: conc})
+	st, err := t.open(conc)
 	if err != nil {
 		return 0, err
 	}
+	defer st.Close()
 	r := backend.NewReader(st, backend.DefaultPolicy)
 	type job struct {
 		obj backend.Object
