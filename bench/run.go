@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
 	"github.com/modelfs/modelfs/backend"
 	"github.com/modelfs/modelfs/internal/safetensors"
@@ -92,7 +93,13 @@ func run(args []string) error {
 	}
 	// The server's files stay in the page cache for the whole run, so every
 	// row measures the path to the server, not the server's disk. A fresh
-	// mount starts with an empty page cache of its own.
+	// mount starts with an empty page cache of its own. The cache is filled
+	// the way the mount's is, by reading: pages the server wrote when the
+	// model was seeded come in larger folios than reads create, and would
+	// make the local baseline depend on how the bench seeded it.
+	if err := evict(prefixAll(w.localDir(), w.shardPaths(""))); err != nil {
+		return err
+	}
 	if _, err := runLoader(false, prefixAll(w.localDir(), w.shardPaths(""))); err != nil {
 		return err
 	}
@@ -401,4 +408,23 @@ func printTable(rep *report) {
 		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.2f\t%s\t%s\t%s\t%s\t\n", r.System, r.Workload, r.MiBps, r.Ratio, rss, cpu, scpu, fetched)
 	}
 	tw.Flush()
+}
+
+// evict drops the page cache of files (written back first).
+func evict(files []string) error {
+	for _, p := range files {
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		err = f.Sync()
+		if err == nil {
+			err = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+		}
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("evict %s: %w", p, err)
+		}
+	}
+	return nil
 }
