@@ -14,7 +14,7 @@ const (
 	fastGbps         = 50
 	standardPart     = 8 << 20
 	standardParallel = 32
-	fastPart         = 32 << 20
+	fastPart         = 64 << 20
 	fastParallelMin  = 8
 	fastParallelMax  = 64
 	fastBytesPerGET  = 4e9
