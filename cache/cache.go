@@ -275,6 +275,29 @@ func (c *Cache) Claim(ctx context.Context, k Key, class Class, wait bool) (ch *C
 	return ch, true, nil
 }
 
+// Drop removes every chunk of object from the window: the object will not
+// be read again (its model was detached). Chunks still loading leave when
+// their fill ends. Ristretto's copies age out on their own.
+func (c *Cache) Drop(object string) {
+	c.mu.Lock()
+	var out []*Chunk
+	for k, ch := range c.window {
+		if k.Object != object {
+			continue
+		}
+		if ch.loading {
+			ch.dropped = true
+			continue
+		}
+		c.removeLocked(ch)
+		out = append(out, ch)
+	}
+	c.mu.Unlock()
+	for _, ch := range out {
+		ch.Release() // the window's reference
+	}
+}
+
 // victimLocked picks the ready, unread chunk a claim of class may move out.
 func (c *Cache) victimLocked(class Class) *Chunk {
 	var newestLess, oldestDemand *Chunk
@@ -388,6 +411,7 @@ type Chunk struct {
 	seq      uint64
 	loading  bool
 	inWindow bool
+	dropped  bool     // leave the window when filled
 	served   []uint64 // bitmap of served pages
 	unserved int
 }
@@ -410,7 +434,7 @@ func (ch *Chunk) Fill(n int, err error) {
 	ch.served = make([]uint64, (pages+63)/64)
 	ch.unserved = pages
 	failed := err != nil
-	removed := (failed || pages == 0) && ch.inWindow
+	removed := (failed || pages == 0 || ch.dropped) && ch.inWindow
 	if removed {
 		c.removeLocked(ch)
 	}

@@ -37,9 +37,21 @@ const blockSize = 1 << 20
 
 type root struct {
 	dir
-	tree    atomic.Pointer[Tree]
 	fetcher *prefetch.Fetcher
-	files   []*prefetch.File // the versions listed at mount, in path order
+	own     *subtree // the mount's own source; nil for a mount that only holds attached models
+
+	mu     sync.Mutex
+	models map[string]*subtree // attached by name, each a directory under the root
+}
+
+// subtree is one source as the mount shows it: its tree, listed last, and
+// the fetch state of its files as listed at mount or attach time.
+type subtree struct {
+	src   *Source
+	top   *gofs.Inode
+	tree  atomic.Pointer[Tree]
+	files []*prefetch.File // in Walk order
+	stop  context.CancelFunc
 }
 
 // Stats counts metadata operations that reached this process; the kernel
@@ -55,6 +67,9 @@ type dir struct {
 	gofs.Inode
 	mtime time.Time
 	stats *Stats
+	// attached marks the top directory of an attached model: refreshes of
+	// the mount's own source leave it alone.
+	attached bool
 }
 
 type file struct {
@@ -133,22 +148,40 @@ var (
 	_ = (gofs.FileHandle)((*handle)(nil))
 )
 
-func newRoot(t *Tree, f *prefetch.Fetcher) *root {
-	r := &root{fetcher: f}
-	r.tree.Store(t)
-	r.mtime = t.Root.ModTime
+func newRoot(src *Source, f *prefetch.Fetcher) *root {
+	r := &root{fetcher: f, models: map[string]*subtree{}}
 	r.stats = new(Stats)
-	Walk(t.Root, func(p string, e *Entry) {
-		if !e.IsDir() {
-			r.files = append(r.files, f.File(p, *e.Obj))
-		}
-	})
+	r.mtime = time.Now()
+	if src != nil {
+		r.own = &subtree{src: src, files: r.files(src)}
+		r.own.tree.Store(src.Tree)
+		r.mtime = src.Tree.Root.ModTime
+	}
 	return r
 }
 
-// OnAdd builds the whole tree as persistent inodes.
+// files makes the fetch state of every file of src, in Walk order.
+func (r *root) files(src *Source) []*prefetch.File {
+	var fs []*prefetch.File
+	Walk(src.Tree.Root, func(p string, e *Entry) {
+		if !e.IsDir() {
+			fs = append(fs, r.fetcher.File(p, *e.Obj, src.Reader))
+		}
+	})
+	return fs
+}
+
+// OnAdd builds the mount's own tree as persistent inodes.
 func (r *root) OnAdd(ctx context.Context) {
-	i := 0 // r.files is in Walk order
+	if r.own != nil {
+		r.own.top = &r.Inode
+		r.build(ctx, r.own)
+	}
+}
+
+// build adds the inodes of st's tree under st.top.
+func (r *root) build(ctx context.Context, st *subtree) {
+	i := 0
 	var add func(p *gofs.Inode, e *Entry)
 	add = func(p *gofs.Inode, e *Entry) {
 		for _, c := range e.Sorted() {
@@ -156,11 +189,11 @@ func (r *root) OnAdd(ctx context.Context) {
 				add(r.newDir(ctx, p, c), c)
 				continue
 			}
-			r.newFile(ctx, p, c.Name, r.files[i])
+			r.newFile(ctx, p, c.Name, st.files[i])
 			i++
 		}
 	}
-	add(&r.Inode, r.tree.Load().Root)
+	add(st.top, st.tree.Load().Root)
 }
 
 func (r *root) newDir(ctx context.Context, parent *gofs.Inode, e *Entry) *gofs.Inode {
@@ -179,11 +212,31 @@ func (r *root) newFile(ctx context.Context, parent *gofs.Inode, name string, f *
 func (r *root) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	out.Bsize = blockSize
 	out.Frsize = blockSize
-	t := r.tree.Load()
-	out.Blocks = uint64((t.Bytes + blockSize - 1) / blockSize)
-	out.Files = uint64(t.Files)
+	var bytes int64
+	var files int
+	for _, st := range r.subtrees() {
+		t := st.tree.Load()
+		bytes += t.Bytes
+		files += t.Files
+	}
+	out.Blocks = uint64((bytes + blockSize - 1) / blockSize)
+	out.Files = uint64(files)
 	out.NameLen = 255
 	return 0
+}
+
+// subtrees are the mount's own source and the attached models.
+func (r *root) subtrees() []*subtree {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*subtree
+	if r.own != nil {
+		out = append(out, r.own)
+	}
+	for _, st := range r.models {
+		out = append(out, st)
+	}
+	return out
 }
 
 // Lookup answers from the tree built at mount. A miss is answered with

@@ -132,11 +132,11 @@ func mountBucket(t *testing.T, bucket, prefix string, o mountOpts) *mounted {
 		t.Fatal(err)
 	}
 	r := backend.NewReader(st, backend.DefaultPolicy)
-	f := prefetch.New(c, r, o.fetch)
+	f := prefetch.New(c, r.Stats, o.fetch)
 	dir := t.TempDir()
-	opts := fs.DefaultOptions
-	opts.Relist = func(ctx context.Context) (*fs.Tree, error) { return fs.List(ctx, st, prefix, o.filter) }
-	m, err := fs.MountTree(dir, tree, f, opts)
+	src := &fs.Source{Tree: tree, Reader: r,
+		Relist: func(ctx context.Context) (*fs.Tree, error) { return fs.List(ctx, st, prefix, o.filter) }}
+	m, err := fs.MountTree(dir, src, f, fs.DefaultOptions)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/modelfs/modelfs/backend"
 	"github.com/modelfs/modelfs/prefetch"
 )
 
@@ -38,10 +39,17 @@ type Options struct {
 	Timeout time.Duration
 	// Debug logs every FUSE request.
 	Debug bool
-	// Relist lists the source again, for Mount.Refresh; MetadataTTL > 0
-	// refreshes that often.
-	Relist      func(context.Context) (*Tree, error)
+	// MetadataTTL > 0 re-lists every source that often (Source.Relist).
 	MetadataTTL time.Duration
+}
+
+// Source is a listed store prefix, as a mounted directory shows it.
+type Source struct {
+	Tree   *Tree
+	Reader *backend.Reader // reads the source's objects
+	// Relist lists the prefix again, for refreshes; nil: the tree never
+	// changes.
+	Relist func(context.Context) (*Tree, error)
 }
 
 // DefaultOptions are measured on the benchmark (see README): 1 MiB reads,
@@ -59,8 +67,7 @@ type Mount struct {
 	Dir    string
 	server *fuse.Server
 	root   *root
-	relist func(context.Context) (*Tree, error)
-	stop   context.CancelFunc // ends the refresh loop
+	ttl    time.Duration
 }
 
 // CheckMountpoint makes sure dir can be mounted on: it must be an existing
@@ -86,12 +93,13 @@ func CheckMountpoint(dir string) error {
 	return nil
 }
 
-// MountTree mounts t read-only on dir, reading file contents through f.
-func MountTree(dir string, t *Tree, f *prefetch.Fetcher, o Options) (*Mount, error) {
+// MountTree mounts src read-only on dir, reading file contents through f.
+// A nil src mounts an empty directory that models can be attached to.
+func MountTree(dir string, src *Source, f *prefetch.Fetcher, o Options) (*Mount, error) {
 	if err := CheckMountpoint(dir); err != nil {
 		return nil, err
 	}
-	r := newRoot(t, f)
+	r := newRoot(src, f)
 	timeout := o.Timeout
 	root := os.Geteuid() == 0
 	mo := fuse.MountOptions{
@@ -119,10 +127,9 @@ func MountTree(dir string, t *Tree, f *prefetch.Fetcher, o Options) (*Mount, err
 	if err != nil {
 		return nil, fmt.Errorf("mount %s: %w", dir, err)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	m := &Mount{Dir: dir, server: srv, root: r, relist: o.Relist, stop: stop}
-	if o.MetadataTTL > 0 && o.Relist != nil {
-		go m.refreshEvery(ctx, o.MetadataTTL)
+	m := &Mount{Dir: dir, server: srv, root: r, ttl: o.MetadataTTL}
+	if r.own != nil {
+		m.startRefresh(r.own)
 	}
 	if o.ReadAheadKB > 0 {
 		if err := setReadAhead(dir, o.ReadAheadKB); err != nil {
@@ -135,14 +142,22 @@ func MountTree(dir string, t *Tree, f *prefetch.Fetcher, o Options) (*Mount, err
 // Stats are the mount's metadata counters.
 func (m *Mount) Stats() *Stats { return m.root.stats }
 
-// Files is the fetch state of every file, in path order.
-func (m *Mount) Files() []*prefetch.File { return m.root.files }
+// Files is the fetch state of every file of the mount's own source as
+// listed at mount, in path order.
+func (m *Mount) Files() []*prefetch.File {
+	if m.root.own == nil {
+		return nil
+	}
+	return m.root.own.files
+}
 
 // Unmount unmounts, lazily when files are still open: the mount point is
 // free at once and the kernel ends the connection when the last file
 // closes (or when this process exits).
 func (m *Mount) Unmount() error {
-	m.stop()
+	for _, st := range m.root.subtrees() {
+		st.stop()
+	}
 	err := unmount(m.Dir, false)
 	if errors.Is(err, syscall.EBUSY) {
 		err = unmount(m.Dir, true)

@@ -19,50 +19,68 @@ const retireTimeout = 10 * time.Second
 // Changes counts what a refresh did.
 type Changes struct{ Added, Changed, Removed int }
 
-// Refresh lists the prefix again and applies the differences to the
-// mounted tree: new files and directories appear (and the kernel forgets
-// that they were missing), deleted ones disappear, and a file whose object
-// has a new version shows it to opens from now on, while handles opened
-// before get ESTALE once the old bytes are gone.
+// Refresh lists the mount's own source again and applies the differences
+// to the mounted tree: new files and directories appear (and the kernel
+// forgets that they were missing), deleted ones disappear, and a file whose
+// object has a new version shows it to opens from now on, while handles
+// opened before get ESTALE once the old bytes are gone.
 func (m *Mount) Refresh(ctx context.Context) (Changes, error) {
-	if m.relist == nil {
-		return Changes{}, errors.New("this mount has no listing to refresh from")
+	if m.root.own == nil {
+		return Changes{}, errors.New("this mount has no source of its own")
 	}
-	t, err := m.relist(ctx)
+	return m.root.refresh(ctx, m.root.own)
+}
+
+func (r *root) refresh(ctx context.Context, st *subtree) (Changes, error) {
+	if st.src.Relist == nil {
+		return Changes{}, errors.New("this source cannot be listed again")
+	}
+	t, err := st.src.Relist(ctx)
 	if err != nil {
 		return Changes{}, err
 	}
-	return m.root.apply(ctx, t), nil
+	return r.apply(ctx, st, t), nil
 }
 
-// refreshEvery re-lists every ttl until ctx ends.
-func (m *Mount) refreshEvery(ctx context.Context, ttl time.Duration) {
-	t := time.NewTicker(ttl)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		c, err := m.Refresh(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			slog.Warn("re-listing failed; keeping the tree as it was", "err", err)
-		case c != Changes{}:
-			slog.Info("re-listed", "added", c.Added, "changed", c.Changed, "removed", c.Removed)
-		}
+// startRefresh starts st's re-list loop (when the mount has a TTL); st.stop
+// ends it.
+func (m *Mount) startRefresh(st *subtree) {
+	ctx, stop := context.WithCancel(context.Background())
+	st.stop = stop
+	if m.ttl <= 0 || st.src.Relist == nil {
+		return
 	}
+	go func() {
+		t := time.NewTicker(m.ttl)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			c, err := m.root.refresh(ctx, st)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				slog.Warn("re-listing failed; keeping the tree as it was", "err", err)
+			case c != Changes{}:
+				slog.Info("re-listed", "added", c.Added, "changed", c.Changed, "removed", c.Removed)
+			}
+		}
+	}()
 }
 
-// apply makes the inode tree match t.
-func (r *root) apply(ctx context.Context, t *Tree) Changes {
+// apply makes st's inodes match t.
+func (r *root) apply(ctx context.Context, st *subtree, t *Tree) Changes {
 	var c Changes
 	var walk func(p *gofs.Inode, e *Entry, dirPath string)
 	walk = func(p *gofs.Inode, e *Entry, dirPath string) {
 		for name, want := range e.Children {
 			childPath := path.Join(dirPath, name)
 			have := p.GetChild(name)
+			if have != nil && isAttached(have) {
+				continue // an attached model keeps its name
+			}
 			if have != nil {
 				if _, isDir := have.Operations().(*dir); isDir != want.IsDir() {
 					r.remove(p, name, have)
@@ -76,7 +94,7 @@ func (r *root) apply(ctx context.Context, t *Tree) Changes {
 				p.NotifyEntry(name) // the kernel may hold a negative entry
 				c.Added++
 			case have == nil:
-				r.newFile(ctx, p, name, r.fetcher.File(childPath, *want.Obj))
+				r.newFile(ctx, p, name, r.fetcher.File(childPath, *want.Obj, st.src.Reader))
 				p.NotifyEntry(name)
 				c.Added++
 			case want.IsDir():
@@ -85,20 +103,23 @@ func (r *root) apply(ctx context.Context, t *Tree) Changes {
 				n := have.Operations().(*file)
 				if old := n.cur.Load().f.Obj; old.Key != want.Obj.Key || old.ETag != want.Obj.ETag ||
 					old.Size != want.Obj.Size || !old.ModTime.Equal(want.Obj.ModTime) {
-					n.replace(r.fetcher.File(childPath, *want.Obj))
+					n.replace(r.fetcher.File(childPath, *want.Obj, st.src.Reader))
 					c.Changed++
 				}
 			}
 		}
 		for name, have := range p.Children() {
+			if isAttached(have) {
+				continue // an attached model, not part of this source
+			}
 			if _, ok := e.Children[name]; !ok {
 				r.remove(p, name, have)
 				c.Removed++
 			}
 		}
 	}
-	walk(&r.Inode, t.Root, "")
-	r.tree.Store(t)
+	walk(st.top, t.Root, "")
+	st.tree.Store(t)
 	return c
 }
 
@@ -131,4 +152,9 @@ func (r *root) remove(p *gofs.Inode, name string, ch *gofs.Inode) {
 	retire(ch)
 	p.RmChild(name)
 	p.NotifyEntry(name)
+}
+
+func isAttached(in *gofs.Inode) bool {
+	d, ok := in.Operations().(*dir)
+	return ok && d.attached
 }

@@ -127,6 +127,11 @@ func List(ctx context.Context, store backend.Store, prefix string, show Filter) 
 	if err != nil {
 		return nil, err
 	}
+	for _, c := range t.Root.Children {
+		if c.ModTime.After(t.Root.ModTime) {
+			t.Root.ModTime = c.ModTime
+		}
+	}
 	return t, nil
 }
 

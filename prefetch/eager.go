@@ -46,8 +46,9 @@ func (m Mode) String() string {
 // Progress reports how much of an eager pull is in the cache or already
 // delivered; fields are updated atomically.
 type Progress struct {
-	Total atomic.Int64 // bytes the pull covers
-	Done  atomic.Int64 // bytes fetched, found cached or already read
+	Total   atomic.Int64 // bytes the pull covers
+	Done    atomic.Int64 // bytes fetched, found cached or already read
+	Planned atomic.Bool  // Total is final
 }
 
 // headerProbe is how much of a shard the first header GET asks for: enough
@@ -70,12 +71,16 @@ func (f *Fetcher) Warm(ctx context.Context, files []*File, mode Mode, p *Progres
 			pick = append(pick, file)
 		}
 	}
-	if mode == None || len(pick) == 0 {
-		return nil
+	if mode == None {
+		pick = nil
 	}
 	sort.SliceStable(pick, func(i, j int) bool { return safetensors.NaturalLess(pick[i].Name, pick[j].Name) })
 	for _, file := range pick {
 		p.Total.Add(file.Obj.Size)
+	}
+	p.Planned.Store(true)
+	if len(pick) == 0 {
+		return nil
 	}
 	plans := make([][]int64, len(pick))
 	g, gctx := errgroup.WithContext(ctx)
@@ -134,7 +139,7 @@ func (f *Fetcher) plan(ctx context.Context, file *File) []int64 {
 func (f *Fetcher) header(ctx context.Context, file *File) (*safetensors.Header, error) {
 	size := file.Obj.Size
 	buf := make([]byte, min(size, headerProbe))
-	if err := f.reader.ReadAt(ctx, file.Obj, buf, 0); err != nil {
+	if err := file.reader.ReadAt(ctx, file.Obj, buf, 0); err != nil {
 		return nil, err
 	}
 	n, err := safetensors.HeaderLen(buf, size)
@@ -144,7 +149,7 @@ func (f *Fetcher) header(ctx context.Context, file *File) (*safetensors.Header, 
 	if 8+n > int64(len(buf)) {
 		more := make([]byte, 8+n)
 		copy(more, buf)
-		if err := f.reader.ReadAt(ctx, file.Obj, more[len(buf):], int64(len(buf))); err != nil {
+		if err := file.reader.ReadAt(ctx, file.Obj, more[len(buf):], int64(len(buf))); err != nil {
 			return nil, err
 		}
 		buf = more

@@ -51,12 +51,13 @@ type Stats struct {
 	Concurrency      atomic.Int64 // the gate's current limit
 }
 
-// Fetcher fills the chunk cache from a store. It is safe for concurrent use.
+// Fetcher fills the chunk cache from the stores its files live in. It is
+// safe for concurrent use.
 type Fetcher struct {
-	cache  *cache.Cache
-	reader *backend.Reader
-	gate   *gate
-	cfg    Config
+	cache   *cache.Cache
+	fetched *backend.Stats // shared by the readers of all files
+	gate    *gate
+	cfg     Config
 
 	Stats Stats
 
@@ -68,8 +69,9 @@ type Fetcher struct {
 	pending map[cache.Key]*ticket // claimed chunks whose GET waits for a slot
 }
 
-// New returns a Fetcher filling c through r.
-func New(c *cache.Cache, r *backend.Reader, cfg Config) *Fetcher {
+// New returns a Fetcher filling c. The readers of all its files count into
+// stats, which the concurrency search watches.
+func New(c *cache.Cache, stats *backend.Stats, cfg Config) *Fetcher {
 	if cfg.Concurrency < 1 {
 		cfg.Concurrency = 1
 	}
@@ -78,7 +80,7 @@ func New(c *cache.Cache, r *backend.Reader, cfg Config) *Fetcher {
 		cfg.MaxReadahead = c.WindowMax() / 2
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &Fetcher{cache: c, reader: r, gate: newGate(cfg.Concurrency), cfg: cfg,
+	f := &Fetcher{cache: c, fetched: stats, gate: newGate(cfg.Concurrency), cfg: cfg,
 		ctx: ctx, cancel: cancel, pending: make(map[cache.Key]*ticket)}
 	f.Stats.Concurrency.Store(int64(cfg.Concurrency))
 	if cfg.Adaptive {
@@ -98,22 +100,24 @@ func (f *Fetcher) Close() {
 	f.wg.Wait()
 }
 
-// File is the fetch state of one object version: its stream detector and
-// which chunks have been delivered to readers. Get one per object from
-// Fetcher.File and share it between all opens.
+// File is the fetch state of one object version: the reader of its store,
+// its stream detector and which chunks have been delivered to readers. Get
+// one per object version from Fetcher.File and share it between all opens.
 type File struct {
-	Name string // path inside the mount, for logs and eager ordering
-	Obj  backend.Object
-	id   string
+	Name   string // path inside the mount, for logs and eager ordering
+	Obj    backend.Object
+	reader *backend.Reader
+	id     string
 
 	mu        sync.Mutex
 	streams   streams
 	delivered []uint64 // bitmap of chunks some reader has been served from
 }
 
-// File returns the fetch state for obj, shown to readers as name.
-func (f *Fetcher) File(name string, obj backend.Object) *File {
-	return &File{Name: name, Obj: obj, id: obj.Key + "\x00" + obj.ETag}
+// File returns the fetch state for obj, read through r and shown to
+// readers as name.
+func (f *Fetcher) File(name string, obj backend.Object, r *backend.Reader) *File {
+	return &File{Name: name, Obj: obj, reader: r, id: r.Store.String() + "\x00" + obj.Key + "\x00" + obj.ETag}
 }
 
 func (f *Fetcher) key(file *File, c int64) cache.Key { return cache.Key{Object: file.id, Index: c} }
@@ -223,6 +227,10 @@ func (f *Fetcher) Delivered(file *File, spans []Span) {
 	}
 }
 
+// Forget drops file's chunks from the cache's window: it will not be read
+// again.
+func (f *Fetcher) Forget(file *File) { f.cache.Drop(file.id) }
+
 func (file *File) wasDelivered(c int64) bool {
 	file.mu.Lock()
 	defer file.mu.Unlock()
@@ -324,7 +332,7 @@ func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class, do
 				bufs[i] = ch.Buffer()[:f.chunkLen(file, ch.Key().Index)]
 			}
 			off := chunks[0].Key().Index * f.cache.ChunkSize()
-			err = f.reader.ReadVec(f.ctx, file.Obj, off, bufs, func(i int) {
+			err = file.reader.ReadVec(f.ctx, file.Obj, off, bufs, func(i int) {
 				chunks[i].Fill(len(bufs[i]), nil)
 				filled++
 				if done != nil {

@@ -97,11 +97,17 @@ func newFetcher(t *testing.T, st backend.Store, budgetChunks int64, cfg Config) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := backend.DefaultPolicy
-	f := New(c, backend.NewReader(st, p), cfg)
-	t.Cleanup(func() { f.Close(); c.Close() })
+	r := backend.NewReader(st, backend.DefaultPolicy)
+	f := New(c, r.Stats, cfg)
+	readers[f] = r
+	t.Cleanup(func() { f.Close(); c.Close(); delete(readers, f) })
 	return f, c
 }
+
+// readers is the reader each test fetcher's files use.
+var readers = map[*Fetcher]*backend.Reader{}
+
+func fileOf(f *Fetcher, name string, obj backend.Object) *File { return f.File(name, obj, readers[f]) }
 
 func pattern(n int, seed byte) []byte {
 	b := make([]byte, n)
@@ -137,7 +143,7 @@ func TestSequentialReadFetchesEachByteOnce(t *testing.T) {
 	data := pattern(100*tcs+17, 1)
 	obj := st.put("w", data)
 	f, _ := newFetcher(t, st, 32, Config{PartSize: 4 * tcs, Concurrency: 4})
-	file := f.File("w", obj)
+	file := fileOf(f, "w", obj)
 	readAll(t, f, file, data, 16<<10)
 	f.Close()
 	if got := st.fetchedBytes(); got != int64(len(data)) {
@@ -215,7 +221,7 @@ func TestDemandGoesFirst(t *testing.T) {
 	f, _ := newFetcher(t, st, 64, Config{PartSize: tcs, Concurrency: 1})
 	f.gate.setLimit(1)
 	f.gate.reserve = 0 // no Demand reserve: the order is all that decides
-	fa, fb := f.File("a", a), f.File("b", b)
+	fa, fb := fileOf(f, "a", a), fileOf(f, "b", b)
 	warmDone := make(chan error, 1)
 	go func() { warmDone <- f.Warm(context.Background(), []*File{fa}, All, new(Progress)) }()
 	<-st.started // the first eager GET holds the slot
@@ -270,7 +276,7 @@ func TestEagerStaysWithinTheWindow(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		d := pattern(80*tcs+int(i)*1000, byte(i))
 		datas = append(datas, d)
-		files = append(files, f.File(fmt.Sprintf("m-%d.bin", i), st.put(fmt.Sprintf("m-%d.bin", i), d)))
+		files = append(files, fileOf(f, fmt.Sprintf("m-%d.bin", i), st.put(fmt.Sprintf("m-%d.bin", i), d)))
 		total += int64(len(d))
 	}
 	p := new(Progress)
@@ -311,7 +317,7 @@ func TestPlanFollowsTensorKeyOrder(t *testing.T) {
 	copy(data[8:], hdr)
 	st := newMemStore()
 	f, _ := newFetcher(t, st, 32, Config{PartSize: tcs, Concurrency: 2})
-	file := f.File("x.safetensors", st.put("x.safetensors", data))
+	file := fileOf(f, "x.safetensors", st.put("x.safetensors", data))
 	plan := f.plan(context.Background(), file)
 	// Header, then a (chunks 5-6: the data region starts 8+len(hdr) bytes
 	// in), b (1-2), c (8-9), then what no tensor covers, front to back.
@@ -334,7 +340,7 @@ func TestPlanOfGeneratedMixedModel(t *testing.T) {
 	st := newMemStore()
 	f, _ := newFetcher(t, st, 32, Config{PartSize: tcs, Concurrency: 2})
 	name := filepath.Base(paths[0])
-	plan := f.plan(context.Background(), f.File(name, st.put(name, data)))
+	plan := f.plan(context.Background(), fileOf(f, name, st.put(name, data)))
 	seen := map[int64]bool{}
 	for _, c := range plan {
 		if seen[c] {
@@ -355,7 +361,7 @@ func TestPlanOfMalformedHeaderIsSequential(t *testing.T) {
 		"huge.safetensors":    append([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}, pattern(3*tcs, 1)...),
 		"garbage.safetensors": append([]byte{16, 0, 0, 0, 0, 0, 0, 0}, append([]byte("{not json at all"), pattern(3*tcs, 2)...)...),
 	} {
-		file := f.File(name, st.put(name, data))
+		file := fileOf(f, name, st.put(name, data))
 		plan := f.plan(context.Background(), file)
 		want := chunkRange(0, (int64(len(data))+tcs-1)/tcs)
 		if fmt.Sprint(plan) != fmt.Sprint(want) {

@@ -62,7 +62,7 @@ func (f *Fetcher) tune() {
 	f.Stats.Concurrency.Store(int64(c.limit))
 	t := time.NewTicker(tuneInterval)
 	defer t.Stop()
-	lastBytes := f.reader.Stats.BytesFetched.Load()
+	lastBytes := f.fetched.BytesFetched.Load()
 	lastQueued := f.gate.queuedTotal()
 	last := time.Now()
 	for !c.done {
@@ -70,7 +70,7 @@ func (f *Fetcher) tune() {
 		case <-f.ctx.Done():
 			return
 		case now := <-t.C:
-			bytes, queued := f.reader.Stats.BytesFetched.Load(), f.gate.queuedTotal()
+			bytes, queued := f.fetched.BytesFetched.Load(), f.gate.queuedTotal()
 			rate := float64(bytes-lastBytes) / now.Sub(last).Seconds()
 			limit := c.observe(rate, queued > lastQueued)
 			lastBytes, lastQueued, last = bytes, queued, now

@@ -24,8 +24,9 @@ func main() {
 		Version:              buildVersion(),
 		HideVersion:          true,
 		EnableBashCompletion: true,
-		Commands:             []*cli.Command{mountCommand(), lsCommand(), catCommand(), versionCommand()},
-		ExitErrHandler:       func(*cli.Context, error) {}, // main reports errors
+		Commands: []*cli.Command{mountCommand(), lsCommand(), catCommand(), modelsCommand(), warmCommand(),
+			healthCommand(), versionCommand()},
+		ExitErrHandler: func(*cli.Context, error) {}, // main reports errors
 	}
 	if err := app.Run(os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "modelfs:", err)

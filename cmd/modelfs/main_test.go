@@ -197,7 +197,7 @@ func TestBadInputFailsBeforeMounting(t *testing.T) {
 	}
 	t.Run("argument count", func(t *testing.T) {
 		code, _, stderr := run(t, nil, "mount", uri)
-		if code == 0 || !strings.Contains(stderr, "mount needs URI and MOUNTPOINT") {
+		if code == 0 || !strings.Contains(stderr, "mount needs a MOUNTPOINT after") {
 			t.Errorf("exit %d, stderr %q", code, stderr)
 		}
 	})

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -17,6 +16,7 @@ import (
 	"github.com/modelfs/modelfs/backend"
 	"github.com/modelfs/modelfs/cache"
 	"github.com/modelfs/modelfs/fs"
+	"github.com/modelfs/modelfs/node"
 	"github.com/modelfs/modelfs/prefetch"
 )
 
@@ -54,18 +54,22 @@ func mountCommand() *cli.Command {
 			Usage: "size of readahead and prefetch GETs (default: from the network profile)"},
 		&cli.DurationFlag{Name: "metadata-ttl", Value: 5 * time.Minute, EnvVars: []string{"MODELFS_METADATA_TTL"},
 			Usage: "re-list the prefix this often: new, replaced and deleted objects show to new opens (0: never)"},
+		&cli.StringFlag{Name: "status-addr", Value: "127.0.0.1:9090", EnvVars: []string{"MODELFS_STATUS_ADDR"},
+			Usage: "serve /healthz, /readyz, /metrics and the model API here (empty: off)"},
 		&cli.BoolFlag{Name: "debug-fuse", Usage: "log every FUSE request"},
 		&cli.StringFlag{Name: "cpu-profile", Hidden: true, Usage: "write a Go CPU profile of the whole run to this file"},
 	}
 	return &cli.Command{
 		Name:      "mount",
 		Usage:     "mount URI read-only on MOUNTPOINT and serve it until SIGINT or SIGTERM",
-		ArgsUsage: "URI MOUNTPOINT",
-		Description: `URI is s3://BUCKET[/PREFIX] or tos://BUCKET[/PREFIX]. The prefix is listed once
+		ArgsUsage: "[URI] MOUNTPOINT",
+		Description: `URI is s3://BUCKET[/PREFIX] or tos://BUCKET[/PREFIX]. The prefix is listed
 and shown as a directory tree; file contents are fetched with ranged GETs
-through a RAM cache of MAX_IO_QUEUE × IO_CHUNKSIZE bytes. The command stays
-in the foreground, logs one line when the mount is ready, and unmounts on
-SIGINT or SIGTERM.
+through a RAM cache of MAX_IO_QUEUE × IO_CHUNKSIZE bytes. Without a URI the
+mount starts empty and models are attached under MOUNTPOINT/<name> through the
+status server's API (modelfs models add). The command stays in the
+foreground, logs one line when the mount is ready, and unmounts on SIGINT or
+SIGTERM.
 
 Credentials come from the SDK's standard chain: for s3://, the AWS
 environment variables, shared config and profiles, web identity or
@@ -77,7 +81,7 @@ instance metadata.`,
 
 // mountConfig is the validated flag set.
 type mountConfig struct {
-	loc        backend.Location
+	loc        *backend.Location // nil: models come only through the API
 	mountpoint string
 	chunk      int64
 	budget     int64
@@ -90,14 +94,26 @@ type mountConfig struct {
 }
 
 func parseMountFlags(c *cli.Context) (*mountConfig, error) {
-	if c.NArg() != 2 {
-		return nil, usageErr("mount needs URI and MOUNTPOINT, got %d argument(s); see modelfs mount --help", c.NArg())
+	var mc *mountConfig
+	var err error
+	switch c.NArg() {
+	case 1:
+		if strings.Contains(c.Args().Get(0), "://") {
+			return nil, usageErr("mount needs a MOUNTPOINT after %s; see modelfs mount --help", c.Args().Get(0))
+		}
+		if c.String("status-addr") == "" {
+			return nil, usageErr("mount without a URI serves only models attached through the API: it needs --status-addr")
+		}
+		mc = &mountConfig{mountpoint: c.Args().Get(0)}
+	case 2:
+		loc, err := backend.ParseURI(c.Args().Get(0))
+		if err != nil {
+			return nil, usageErr("%v", err)
+		}
+		mc = &mountConfig{loc: &loc, mountpoint: c.Args().Get(1)}
+	default:
+		return nil, usageErr("mount needs [URI] MOUNTPOINT, got %d argument(s); see modelfs mount --help", c.NArg())
 	}
-	loc, err := backend.ParseURI(c.Args().Get(0))
-	if err != nil {
-		return nil, usageErr("%v", err)
-	}
-	mc := &mountConfig{loc: loc, mountpoint: c.Args().Get(1)}
 	mc.chunk, err = parseSize(c.String("io-chunksize"))
 	if err != nil {
 		return nil, usageErr("--io-chunksize: %v", err)
@@ -111,7 +127,10 @@ func parseMountFlags(c *cli.Context) (*mountConfig, error) {
 	}
 	mc.budget = int64(q) * mc.chunk
 	mc.fsOpts = fs.DefaultOptions
-	mc.fsOpts.FsName = loc.String()
+	mc.fsOpts.FsName = "modelfs"
+	if mc.loc != nil {
+		mc.fsOpts.FsName = mc.loc.String()
+	}
 	mc.fsOpts.AllowOther = c.Bool("allow-other")
 	mc.fsOpts.Debug = c.Bool("debug-fuse")
 	mc.fsOpts.MetadataTTL = c.Duration("metadata-ttl")
@@ -137,7 +156,11 @@ func parseMountFlags(c *cli.Context) (*mountConfig, error) {
 		return nil, usageErr("--network-gbps %g: want 0 to 10000", mc.gbps)
 	}
 	if mc.gbps == 0 {
-		if backend.Loopback(backend.Endpoint(loc.Scheme, storeConfig(c, 0))) {
+		scheme := "s3"
+		if mc.loc != nil {
+			scheme = mc.loc.Scheme
+		}
+		if backend.Loopback(backend.Endpoint(scheme, storeConfig(c, 0))) {
 			mc.gbps = loopbackGbps
 		} else {
 			mc.gbps, _ = prefetch.DetectGbps()
@@ -175,12 +198,11 @@ func runMount(c *cli.Context) error {
 	if err := fs.CheckMountpoint(mc.mountpoint); err != nil {
 		return usageErr("%v", err)
 	}
-	// The chunk buffers are the heap; keep the garbage collector from
-	// letting it grow to twice their size.
+	// The chunk buffers live outside the heap; keep the garbage collector
+	// from letting the rest grow far past what it needs.
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(mc.budget + 128<<20)
+		debug.SetMemoryLimit(128 << 20)
 	}
-
 	if p := c.String("cpu-profile"); p != "" {
 		f, err := os.Create(p)
 		if err != nil {
@@ -193,108 +215,41 @@ func runMount(c *cli.Context) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	// Room for the most GETs any profile runs, plus the demand reserve.
-	store, err := openStore(ctx, c, mc.loc, 2*max(mc.fetch.Concurrency, 64))
+	n, err := node.Start(ctx, node.Config{
+		Mountpoint:     mc.mountpoint,
+		Root:           mc.loc,
+		Store:          storeConfig(c, 0),
+		Policy:         mc.policy,
+		Cache:          cache.Config{Budget: mc.budget, ChunkSize: mc.chunk},
+		Fetch:          mc.fetch,
+		Gbps:           mc.gbps,
+		Prefetch:       mc.mode,
+		Filter:         mc.filter,
+		FS:             mc.fsOpts,
+		StatusAddr:     c.String("status-addr"),
+		StatusOptional: !c.IsSet("status-addr"),
+	})
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	mc.fsOpts.Relist = func(ctx context.Context) (*fs.Tree, error) {
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		defer cancel()
-		return fs.List(ctx, store, mc.loc.Prefix, mc.filter)
+	fc := n.FetchConfig()
+	uri := "(none: attach models through the API)"
+	if mc.loc != nil {
+		uri = mc.loc.String()
 	}
-	tree, err := mc.fsOpts.Relist(ctx)
-	if err != nil {
-		return explain(err, mc.loc, store)
-	}
-	if tree.Files == 0 && len(tree.Root.Children) == 0 {
-		return fmt.Errorf("no objects under %s (%s): check the bucket and prefix", mc.loc, store)
-	}
-	for _, s := range tree.Skipped {
-		slog.Warn("key not shown", "key", s)
-	}
-	profile := prefetch.Profile(mc.gbps, tree.Bytes)
-	if mc.fetch.Concurrency == 0 {
-		// The profile bounds the search; an explicit --concurrency is used as is.
-		mc.fetch.Concurrency = profile.Concurrency
-		mc.fetch.Adaptive = true
-	}
-	if mc.fetch.PartSize == 0 {
-		mc.fetch.PartSize = profile.PartSize
-	}
-
-	chunks, err := cache.New(cache.Config{Budget: mc.budget, ChunkSize: mc.chunk})
-	if err != nil {
-		return usageErr("%v", err)
-	}
-	defer chunks.Close()
-	reader := backend.NewReader(store, mc.policy)
-	fetcher := prefetch.New(chunks, reader, mc.fetch)
-	m, err := fs.MountTree(mc.mountpoint, tree, fetcher, mc.fsOpts)
-	if err != nil {
-		fetcher.Close()
-		return err
-	}
-	slog.Info("mounted", "uri", mc.loc.String(), "mountpoint", mc.mountpoint, "files", tree.Files,
-		"bytes", tree.Bytes, "cache_bytes", mc.budget, "chunk_bytes", mc.chunk,
-		"network_gbps", mc.gbps, "max_concurrency", mc.fetch.Concurrency, "adaptive", mc.fetch.Adaptive,
-		"part_bytes", fetcher.Config().PartSize, "prefetch", mc.mode.String())
-	go func() {
-		var p prefetch.Progress
-		start := time.Now()
-		if err := fetcher.Warm(ctx, m.Files(), mc.mode, &p); err != nil {
-			if ctx.Err() == nil {
-				slog.Warn("prefetch stopped", "err", err)
-			}
-			return
-		}
-		slog.Debug("prefetch claimed every chunk", "bytes", p.Total.Load(), "seconds", time.Since(start).Seconds())
-	}()
-
-	ended := make(chan struct{})
-	go func() {
-		m.Wait(24 * 365 * time.Hour)
-		close(ended)
-	}()
-	select {
-	case <-ctx.Done():
-		slog.Info("unmounting", "mountpoint", mc.mountpoint)
-	case <-ended:
+	slog.Info("mounted", "uri", uri, "mountpoint", mc.mountpoint, "cache_bytes", mc.budget, "chunk_bytes", mc.chunk,
+		"network_gbps", mc.gbps, "max_concurrency", fc.Concurrency, "adaptive", fc.Adaptive,
+		"part_bytes", fc.PartSize, "prefetch", mc.mode.String(), "status", n.StatusURL)
+	if n.Wait(ctx) {
 		slog.Info("unmounted from outside", "mountpoint", mc.mountpoint)
-		fetcher.Close()
-		logStats(fetcher, chunks, reader)
-		return nil
+	} else {
+		slog.Info("unmounting", "mountpoint", mc.mountpoint)
 	}
-	err = m.Unmount()
-	fetcher.Close() // fails reads still waiting, so open files cannot hold us
+	err = n.Stop()
+	slog.Info("totals", n.Totals()...)
 	if err != nil {
 		return err
 	}
-	if !m.Wait(time.Second) {
-		slog.Info("files still open; the kernel ends the connection when this process exits")
-	}
-	logStats(fetcher, chunks, reader)
 	slog.Info("stopped")
 	return nil
-}
-
-// logStats logs what the mount did, for operators and the bench.
-func logStats(f *prefetch.Fetcher, c *cache.Cache, r *backend.Reader) {
-	slog.Info("totals",
-		"bytes_served", f.Stats.BytesServed.Load(),
-		"bytes_fetched", r.Stats.BytesFetched.Load(),
-		"gets", r.Stats.Requests.Load(),
-		"demand_fetches", f.Stats.DemandFetches.Load(),
-		"readahead_fetches", f.Stats.ReadaheadFetches.Load(),
-		"eager_fetches", f.Stats.EagerFetches.Load(),
-		"promotions", f.Stats.Promotions.Load(),
-		"cache_hits", c.Stats.Hits.Load(),
-		"cache_misses", c.Stats.Misses.Load(),
-		"window_waits", c.Stats.Waits.Load(),
-		"reclaimed", c.Stats.Reclaimed.Load(),
-		"rejected", c.Stats.Rejected.Load(),
-		"dropped", c.Stats.Dropped.Load(),
-		"retries", r.Stats.Retries.Load(),
-		"stalls", r.Stats.Stalls.Load())
 }

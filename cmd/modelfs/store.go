@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/modelfs/modelfs/backend"
+	"github.com/modelfs/modelfs/node"
 )
 
 // storeFlags select and reach the object store.
@@ -68,16 +67,7 @@ func storeConfig(c *cli.Context, conns int) backend.Config {
 
 // explain turns a store error into a message that names the cause.
 func explain(err error, loc backend.Location, store backend.Store) error {
-	var ne net.Error
-	switch {
-	case errors.Is(err, backend.ErrNoBucket):
-		return fmt.Errorf("bucket %q does not exist (%s): %w", loc.Bucket, store, err)
-	case errors.Is(err, backend.ErrAccess):
-		return fmt.Errorf("the store refused the credentials or the request for %s (%s): %w", loc, store, err)
-	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne):
-		return fmt.Errorf("cannot reach the object store (%s): %w", store, err)
-	}
-	return fmt.Errorf("%s: %w", loc, err)
+	return node.Explain(err, loc, store)
 }
 
 // parseSize reads a byte size: a plain number of bytes or a number with
