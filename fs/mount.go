@@ -75,6 +75,11 @@ type Mount struct {
 // is not connected") is detached first.
 func CheckMountpoint(dir string) error {
 	st, err := os.Stat(dir)
+	if err == nil {
+		// A dead FUSE mount still answers stat(2) from the kernel's
+		// attribute cache; a forced-sync statx asks the file system.
+		err = statSync(dir)
+	}
 	if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
 		slog.Warn("detaching a stale mount left by a previous daemon", "mountpoint", dir)
 		if err := unmount(dir, true); err != nil {
@@ -162,6 +167,9 @@ func (m *Mount) Unmount() error {
 	if errors.Is(err, syscall.EBUSY) {
 		err = unmount(m.Dir, true)
 	}
+	if errors.Is(err, syscall.EINVAL) {
+		err = nil // already unmounted from outside (a preStop `umount -l`)
+	}
 	if err != nil {
 		return fmt.Errorf("unmount %s: %w", m.Dir, err)
 	}
@@ -183,6 +191,20 @@ func (m *Mount) Wait(timeout time.Duration) bool {
 		return false
 	}
 }
+
+// statSync stats dir bypassing the kernel's attribute cache, so that a
+// file system that does not answer is found out.
+func statSync(dir string) error {
+	var stx unix.Statx_t
+	err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_STATX_FORCE_SYNC, unix.STATX_TYPE, &stx)
+	if err != nil && !errors.Is(err, unix.ENOSYS) {
+		return &os.PathError{Op: "statx", Path: dir, Err: err}
+	}
+	return nil
+}
+
+// Alive checks that the mount answers, through the kernel to this process.
+func (m *Mount) Alive() error { return statSync(m.Dir) }
 
 func unmount(dir string, lazy bool) error {
 	if os.Geteuid() == 0 {
