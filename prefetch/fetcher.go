@@ -147,7 +147,7 @@ func (s Span) Bytes() []byte { return s.Chunk.Data()[s.From:s.To] }
 // them to Delivered once the bytes have reached the reader, or to Release.
 // ctx ends the wait, never a fetch other readers may share.
 func (f *Fetcher) Read(ctx context.Context, file *File, off int64, n int) ([]Span, error) {
-	spans, err := f.read(ctx, file, off, n, cache.Demand)
+	spans, err := f.claim(ctx, file, off, n)
 	if err != nil || len(spans) == 0 {
 		return spans, err
 	}
@@ -168,9 +168,9 @@ func (f *Fetcher) Read(ctx context.Context, file *File, off int64, n int) ([]Spa
 	return spans, nil
 }
 
-// read claims the chunks for [off, off+n) at class, starting a GET for each
-// one missing, and returns them unwaited.
-func (f *Fetcher) read(ctx context.Context, file *File, off int64, n int, class cache.Class) ([]Span, error) {
+// claim claims the chunks for [off, off+n) for a reader, starting a GET for
+// each one missing, and returns them unwaited.
+func (f *Fetcher) claim(ctx context.Context, file *File, off int64, n int) ([]Span, error) {
 	end := min(off+int64(n), file.Obj.Size)
 	if off < 0 || off >= end {
 		return nil, nil
@@ -178,14 +178,14 @@ func (f *Fetcher) read(ctx context.Context, file *File, off int64, n int, class 
 	cs := f.cache.ChunkSize()
 	var spans []Span
 	for c := off / cs; c*cs < end; c++ {
-		ch, fill, err := f.cache.Claim(ctx, f.key(file, c), class, true)
+		ch, fill, err := f.cache.Claim(ctx, f.key(file, c), cache.Demand, true)
 		if err != nil {
 			Release(spans)
 			return nil, err
 		}
 		if fill {
 			f.Stats.DemandFetches.Add(1)
-			f.fetch(file, []*cache.Chunk{ch.Ref()}, class, nil)
+			f.fetch(file, []*cache.Chunk{ch.Ref()}, cache.Demand, nil)
 		}
 		from := max(off, c*cs) - c*cs
 		to := min(end, (c+1)*cs) - c*cs
