@@ -198,10 +198,11 @@ func runMount(c *cli.Context) error {
 	if err := fs.CheckMountpoint(mc.mountpoint); err != nil {
 		return usageErr("%v", err)
 	}
-	// The chunk buffers live outside the heap; keep the garbage collector
-	// from letting the rest grow far past what it needs.
+	// The chunk buffers live outside the Go heap; hold the rest (HTTP and
+	// FUSE buffers, listings) to the documented overhead rather than let
+	// the collector double it.
 	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(128 << 20)
+		debug.SetMemoryLimit(256 << 20)
 	}
 	if p := c.String("cpu-profile"); p != "" {
 		f, err := os.Create(p)
