@@ -23,15 +23,9 @@ func lsCommand() *cli.Command {
 				Usage: "list only files with these comma-separated suffixes"},
 		}, storeFlags, logFlags),
 		Action: func(c *cli.Context) error {
-			if err := setupLogging(c, c.App.ErrWriter); err != nil {
-				return err
-			}
-			if c.NArg() != 1 {
-				return usageErr("ls needs one URI, got %d argument(s)", c.NArg())
-			}
-			loc, err := backend.ParseURI(c.Args().First())
+			loc, err := uriArg(c)
 			if err != nil {
-				return usageErr("%v", err)
+				return err
 			}
 			ctx, cancel := context.WithTimeout(c.Context, 2*time.Minute)
 			defer cancel()
@@ -69,15 +63,9 @@ func catCommand() *cli.Command {
 		ArgsUsage: "URI (s3://BUCKET/KEY or tos://BUCKET/KEY)",
 		Flags:     concat(storeFlags, policyFlags, logFlags),
 		Action: func(c *cli.Context) error {
-			if err := setupLogging(c, c.App.ErrWriter); err != nil {
-				return err
-			}
-			if c.NArg() != 1 {
-				return usageErr("cat needs one URI, got %d argument(s)", c.NArg())
-			}
-			loc, err := backend.ParseURI(c.Args().First())
+			loc, err := uriArg(c)
 			if err != nil {
-				return usageErr("%v", err)
+				return err
 			}
 			key := strings.TrimSuffix(loc.Prefix, "/")
 			if key == "" || strings.HasSuffix(c.Args().First(), "/") {
@@ -113,4 +101,19 @@ func catCommand() *cli.Command {
 			return w.Flush()
 		},
 	}
+}
+
+// uriArg sets up logging and parses the one URI argument of ls and cat.
+func uriArg(c *cli.Context) (backend.Location, error) {
+	if err := setupLogging(c, c.App.ErrWriter); err != nil {
+		return backend.Location{}, err
+	}
+	if c.NArg() != 1 {
+		return backend.Location{}, usageErr("%s needs one URI, got %d argument(s)", c.Command.Name, c.NArg())
+	}
+	loc, err := backend.ParseURI(c.Args().First())
+	if err != nil {
+		return backend.Location{}, usageErr("%v", err)
+	}
+	return loc, nil
 }
