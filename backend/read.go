@@ -196,7 +196,8 @@ func (r *Reader) attempt(ctx context.Context, obj Object, off, n int64, v *vec) 
 		w.progress.Add(int64(m))
 		r.Stats.BytesFetched.Add(int64(m))
 		v.advance(m)
-		if rerr == io.EOF {
+		// A body cut short arrives as io.ErrUnexpectedEOF from net/http.
+		if rerr == io.EOF || errors.Is(rerr, io.ErrUnexpectedEOF) {
 			if got < n {
 				r.Stats.Truncations.Add(1)
 				return fmt.Errorf("%w: got %d of %d bytes", ErrTruncated, got, n)

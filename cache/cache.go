@@ -8,7 +8,9 @@
 //     policy ever drops a chunk from the window: it leaves only once every
 //     page of it has been served, when its fetch fails, or when a claim of
 //     higher priority reclaims it (see Claim). This is what keeps prefetched
-//     bytes from being thrown away before anyone reads them.
+//     bytes from being thrown away before anyone reads them. Fetches ahead of
+//     readers fill at most three quarters of the window; the rest is kept
+//     for readers' misses.
 //   - Served chunks are offered to a ristretto cache (the rest of the
 //     budget) for re-reads. Its TinyLFU admission may reject them or evict
 //     them later; the reader already has the bytes by then, and a re-read
@@ -166,6 +168,9 @@ func (c *Cache) Budget() int64 { return c.budget }
 // WindowMax is the byte size of the window.
 func (c *Cache) WindowMax() int64 { return c.windowMax }
 
+// AheadMax is how much of the window fetches ahead of readers may fill.
+func (c *Cache) AheadMax() int64 { return c.limit(Readahead) }
+
 // WindowBytes is the window's current occupancy.
 func (c *Cache) WindowBytes() int64 {
 	c.mu.Lock()
@@ -234,7 +239,7 @@ func (c *Cache) Claim(ctx context.Context, k Key, class Class, wait bool) (ch *C
 			c.Stats.Hits.Add(1)
 			return ch, false, nil
 		}
-		if c.windowBytes+c.chunkSize <= c.windowMax {
+		if c.windowBytes+c.chunkSize <= c.limit(class) {
 			break
 		}
 		if victim := c.victimLocked(class); victim != nil {
@@ -298,6 +303,17 @@ func (c *Cache) Drop(object string) {
 	}
 }
 
+// limit is how much of the window a claim of class may fill: readers'
+// misses may fill it all, fetches ahead of them leave a quarter free, so
+// that a reader never waits behind the whole window loading for others
+// (or failing to).
+func (c *Cache) limit(class Class) int64 {
+	if class == Demand {
+		return c.windowMax
+	}
+	return c.windowMax - c.windowMax/4
+}
+
 // victimLocked picks the ready, unread chunk a claim of class may move out.
 func (c *Cache) victimLocked(class Class) *Chunk {
 	var newestLess, oldestDemand *Chunk
@@ -328,6 +344,11 @@ func (c *Cache) removeLocked(ch *Chunk) {
 	delete(c.window, ch.key)
 	ch.inWindow = false
 	c.windowBytes -= c.chunkSize
+	c.wakeLocked()
+}
+
+// wakeLocked wakes the claims waiting for window room to look again.
+func (c *Cache) wakeLocked() {
 	close(c.released)
 	c.released = make(chan struct{})
 }
@@ -437,6 +458,8 @@ func (ch *Chunk) Fill(n int, err error) {
 	removed := (failed || pages == 0 || ch.dropped) && ch.inWindow
 	if removed {
 		c.removeLocked(ch)
+	} else if ch.inWindow {
+		c.wakeLocked() // a ready chunk can be reclaimed: waiters may now find room
 	}
 	c.mu.Unlock()
 	close(ch.ready)

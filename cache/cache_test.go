@@ -73,8 +73,8 @@ func TestConcurrentMissesFetchOnce(t *testing.T) {
 // eager chunks, an eager claim waits instead of evicting them, and room
 // comes back only when a chunk is served.
 func TestWindowNeverDropsUnreadChunks(t *testing.T) {
-	c := newCache(t, 8) // window: 6 chunks
-	n := c.WindowMax() / cs
+	c := newCache(t, 8) // window: 6 chunks, 4 of them for fetches ahead of readers
+	n := c.limit(Eager) / cs
 	for i := int64(0); i < n; i++ {
 		ch, isFiller, err := c.Claim(context.Background(), key(i), Eager, false)
 		if err != nil || !isFiller {
@@ -125,7 +125,7 @@ func TestWindowNeverDropsUnreadChunks(t *testing.T) {
 // a less urgent class; chunks still loading are never moved.
 func TestPriorityReclaim(t *testing.T) {
 	c := newCache(t, 8)
-	n := c.WindowMax() / cs
+	n := c.limit(Eager) / cs
 	var loading *Chunk
 	for i := int64(0); i < n; i++ {
 		ch, _, err := c.Claim(context.Background(), key(i), Eager, false)
@@ -139,6 +139,20 @@ func TestPriorityReclaim(t *testing.T) {
 		fill(ch, 1)
 		ch.Release()
 	}
+	// Readers' misses first use the room kept for them...
+	reserve := (c.WindowMax() - c.WindowBytes()) / cs
+	for i := int64(0); i < reserve; i++ {
+		ch, isFiller, err := c.Claim(context.Background(), key(40+i), Demand, false)
+		if err != nil || !isFiller {
+			t.Fatalf("demand claim %d in the reserve: %v", i, err)
+		}
+		fill(ch, 2)
+		ch.Release()
+	}
+	if c.Stats.Reclaimed.Load() != 0 {
+		t.Fatalf("reclaimed %d while the reserve had room", c.Stats.Reclaimed.Load())
+	}
+	// ...then move out the newest ready chunk of a less urgent class.
 	ch, isFiller, err := c.Claim(context.Background(), key(50), Demand, false)
 	if err != nil || !isFiller {
 		t.Fatalf("demand claim: %v", err)
@@ -163,6 +177,46 @@ func TestPriorityReclaim(t *testing.T) {
 	loading.Release()
 	if c.Get(key(n-1)) != nil {
 		t.Error("a failed chunk stayed cached")
+	}
+}
+
+// TestReaderWakesWhenLoadsFinish: a reader waiting for room while the
+// whole window is loading is woken when a load finishes (the ready chunk
+// can then be reclaimed), not only when a chunk leaves the window.
+func TestReaderWakesWhenLoadsFinish(t *testing.T) {
+	c := newCache(t, 8)
+	var loading []*Chunk
+	for i := int64(0); c.WindowBytes() < c.WindowMax(); i++ {
+		class := Eager
+		if c.WindowBytes()+cs > c.limit(Eager) {
+			class = Demand // the reserve, taken by other readers' loads
+		}
+		ch, _, err := c.Claim(context.Background(), key(i), class, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		loading = append(loading, ch)
+	}
+	got := make(chan error, 1)
+	go func() {
+		ch, _, err := c.Claim(context.Background(), key(99), Demand, true)
+		if err == nil {
+			ch.Release()
+		}
+		got <- err
+	}()
+	for c.Stats.Waits.Load() == 0 {
+		runtime.Gosched()
+	}
+	fill(loading[0], 1) // an eager chunk becomes ready: the reader may take its room
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	for _, ch := range loading[1:] {
+		fill(ch, 1)
+	}
+	for _, ch := range loading {
+		ch.Release()
 	}
 }
 

@@ -125,6 +125,12 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		n.abort(root, ln)
 		return nil, err
 	}
+	// Kernel readahead beyond a quarter of the window would let one file's
+	// readahead (say, of an object failing its GETs) hold every reader up.
+	if kb := int(n.cache.WindowMax() / 4 >> 10); cfg.FS.ReadAheadKB > kb {
+		slog.Info("kernel readahead lowered to a quarter of the cache window", "read_ahead_kb", kb)
+		cfg.FS.ReadAheadKB = kb
+	}
 	n.fetcher = prefetch.New(n.cache, n.stats, cfg.Fetch)
 	if n.mount, err = fs.MountTree(cfg.Mountpoint, src, n.fetcher, cfg.FS); err != nil {
 		n.abort(root, ln)

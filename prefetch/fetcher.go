@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/modelfs/modelfs/backend"
 	"github.com/modelfs/modelfs/cache"
@@ -67,7 +68,20 @@ type Fetcher struct {
 
 	mu      sync.Mutex
 	pending map[cache.Key]*ticket // claimed chunks whose GET waits for a slot
+	failed  map[cache.Key]failure // chunks whose fetch failed lately
 }
+
+// failure is a fetch that gave up, remembered for failMemory: the kernel
+// retries a failed page fault while a signal is pending (and Go runtimes
+// always have one), and each retry would otherwise start all the attempts
+// again, so an mmap reader of a broken object would spin instead of
+// getting SIGBUS.
+type failure struct {
+	err   error
+	until time.Time
+}
+
+const failMemory = 2 * time.Second
 
 // New returns a Fetcher filling c. The readers of all its files count into
 // stats, which the concurrency search watches.
@@ -81,7 +95,7 @@ func New(c *cache.Cache, stats *backend.Stats, cfg Config) *Fetcher {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &Fetcher{cache: c, fetched: stats, gate: newGate(cfg.Concurrency), cfg: cfg,
-		ctx: ctx, cancel: cancel, pending: make(map[cache.Key]*ticket)}
+		ctx: ctx, cancel: cancel, pending: make(map[cache.Key]*ticket), failed: make(map[cache.Key]failure)}
 	f.Stats.Concurrency.Store(int64(cfg.Concurrency))
 	if cfg.Adaptive {
 		f.wg.Add(1)
@@ -178,6 +192,10 @@ func (f *Fetcher) claim(ctx context.Context, file *File, off int64, n int) ([]Sp
 	cs := f.cache.ChunkSize()
 	var spans []Span
 	for c := off / cs; c*cs < end; c++ {
+		if err := f.recentFailure(f.key(file, c)); err != nil {
+			Release(spans)
+			return nil, err
+		}
 		ch, fill, err := f.cache.Claim(ctx, f.key(file, c), cache.Demand, true)
 		if err != nil {
 			Release(spans)
@@ -225,6 +243,40 @@ func (f *Fetcher) Delivered(file *File, spans []Span) {
 		s.Chunk.Served(s.From, s.To)
 		s.Chunk.Release()
 	}
+}
+
+// remember records chunks whose fetch failed, unless the fetcher is
+// closing.
+func (f *Fetcher) remember(chunks []*cache.Chunk, err error) {
+	if f.ctx.Err() != nil {
+		return
+	}
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for k, fl := range f.failed {
+		if now.After(fl.until) {
+			delete(f.failed, k)
+		}
+	}
+	for _, ch := range chunks {
+		f.failed[ch.Key()] = failure{err: err, until: now.Add(failMemory)}
+	}
+}
+
+// recentFailure is the error of a fetch of k that failed lately, or nil.
+func (f *Fetcher) recentFailure(k cache.Key) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fl, ok := f.failed[k]
+	if !ok {
+		return nil
+	}
+	if time.Now().After(fl.until) {
+		delete(f.failed, k)
+		return nil
+	}
+	return fl.err
 }
 
 // Forget drops file's chunks from the cache's window: it will not be read
@@ -341,8 +393,12 @@ func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class, do
 			})
 			f.gate.release()
 		}
-		for _, ch := range chunks[filled:] {
-			ch.Fill(0, fmt.Errorf("fetch %s: %w", file.Name, err))
+		if filled < len(chunks) {
+			err = fmt.Errorf("fetch %s: %w", file.Name, err)
+			f.remember(chunks[filled:], err)
+			for _, ch := range chunks[filled:] {
+				ch.Fill(0, err)
+			}
 		}
 		for _, ch := range chunks {
 			ch.Release()
