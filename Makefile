@@ -1,14 +1,15 @@
-# modelfs: make demo (the tour), make test (what CI runs), make bench.
+# modelfs: make demo (the tour), make test (what CI runs), make bench (bench-peers, bench-full).
 GO            ?= go
 TOOLS         := $(CURDIR)/.tools/bin
 VERSITYGW_VERSION   := v1.8.0
 STATICCHECK_VERSION := v0.8.2
+RCLONE_VERSION      := v1.76.0
 VERSION       ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
 export VERSITYGW := $(TOOLS)/versitygw
 export MODELFS_BIN := $(CURDIR)/bin/modelfs
 
-.PHONY: all build tools demo test test-short lint bench clean
+.PHONY: all build tools demo test test-short lint bench bench-peers bench-full clean
 
 all: build
 
@@ -38,8 +39,23 @@ lint: $(TOOLS)/staticcheck
 	$(GO) vet ./...
 	$(TOOLS)/staticcheck ./...
 
+# The benchmark: modelfs against the direct ceiling and, when installed, the
+# peers (rclone mount, s3fs) on the same server and model. About 5 minutes.
 bench: build tools
 	$(GO) run ./bench run
+
+# Everything, with the sweeps (model size up to 16 GiB where the disk has
+# room, shard count, cache budget, concurrent loaders). About 20 minutes.
+bench-full: build tools
+	$(GO) run ./bench run -sweeps all -json bench/results/full.json
+
+# The peers the bench compares with (root): s3fs and fuse3 (fusermount3, which
+# rclone mount needs) from Debian; a current rclone built into .tools/bin
+# (Debian's 1.60 predates --vfs-read-chunk-streams), Debian's if that fails.
+bench-peers:
+	apt-get install -y s3fs fuse3 || { apt-get update && apt-get install -y s3fs fuse3; }
+	GOBIN=$(TOOLS) $(GO) install github.com/rclone/rclone@$(RCLONE_VERSION) || apt-get install -y rclone
+	@echo "peers: $$(s3fs --version | head -1); $$({ $(TOOLS)/rclone version || rclone version; } 2>/dev/null | head -1)"
 
 clean:
 	rm -rf bin

@@ -20,30 +20,34 @@ func demo(args []string) error {
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
-	w, err := newWorld("demo-model", "", safetensors.Spec{Bytes: *size << 20, Shards: *shards, Seed: uint64(time.Now().UnixNano())})
+	w, err := newWorld("")
 	if err != nil {
 		return err
 	}
 	defer w.close()
-	d, err := w.mount(w.s3)
+	m, err := w.model("demo-model", safetensors.Spec{Bytes: *size << 20, Shards: *shards, Seed: uint64(time.Now().UnixNano())})
+	if err != nil {
+		return err
+	}
+	d, err := w.mount(m.s3)
 	if err != nil {
 		return err
 	}
 	mnt := d.Mountpoint
-	fmt.Printf("mounted %s on %s\n\n$ ls -l %s\n", w.s3.uri, mnt, mnt)
+	fmt.Printf("mounted %s on %s\n\n$ ls -l %s\n", m.s3.uri, mnt, mnt)
 	ls := exec.Command("ls", "-l", mnt)
 	ls.Stdout, ls.Stderr = os.Stdout, os.Stderr
 	if err := ls.Run(); err != nil {
 		return fmt.Errorf("ls: %w", err)
 	}
 	fmt.Printf("\nloading every tensor through mmap from a separate process, checking every byte...\n")
-	res, err := runLoader(true, w.shardPaths(mnt))
+	res, err := runLoader(true, m.shardPaths(mnt))
 	if err != nil {
 		return fmt.Errorf("%w\nmodelfs log:\n%s", err, d.Log())
 	}
 	fmt.Printf("cold load: %d tensors, %s in %.2f s = %.0f MiB/s, every byte verified\n",
 		res.Tensors, mib(res.Bytes), res.Seconds, float64(res.Bytes)/(1<<20)/res.Seconds)
-	warm, err := runLoader(true, w.shardPaths(mnt))
+	warm, err := runLoader(true, m.shardPaths(mnt))
 	if err != nil {
 		return err
 	}

@@ -12,25 +12,35 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/modelfs/modelfs/backend"
 	"github.com/modelfs/modelfs/internal/safetensors"
 	"github.com/modelfs/modelfs/internal/testenv"
 )
 
-// world is a server seeded with a model, and what to tear down.
+// world is a versitygw server holding generated models, and what to tear
+// down.
 type world struct {
 	dir      string
 	srv      *testenv.S3Server
-	s3       *target // the model on srv
 	bucket   string
-	prefix   string // ends in "/"
-	files    []string
-	size     int64 // bytes of all objects
-	shards   []string
 	cleanups []func()
 }
 
-// target is a store holding the model: what the bench mounts and what it
+// model is a generated safetensors model seeded on the world's server.
+type model struct {
+	spec   safetensors.Spec
+	prefix string // ends in "/"
+	files  []string
+	size   int64 // bytes of all objects
+	shards []string
+	bytes  int64   // bytes of the shards: what a load reads
+	s3     *target // the model on the world's server
+	local  string  // the server's directory holding the model: a local copy
+}
+
+// target is a store holding a model: what the bench mounts and what it
 // reads directly for the ceiling.
 type target struct {
 	uri      string   // of the model
@@ -43,11 +53,10 @@ type target struct {
 	pid int
 }
 
-// newWorld starts versitygw and seeds it with a generated model of spec
-// under s3://models/<name>/. With keep set, the server's files live in that
-// directory and survive the run, and a model seeded there before with the
-// same name and spec is reused instead of generated again.
-func newWorld(name, keep string, spec safetensors.Spec) (*world, error) {
+// newWorld starts versitygw. With keep set, the server's files live in
+// that directory and survive the run, and models seeded there before are
+// reused instead of generated again.
+func newWorld(keep string) (*world, error) {
 	dir := keep
 	if dir == "" {
 		var err error
@@ -56,8 +65,10 @@ func newWorld(name, keep string, spec safetensors.Spec) (*world, error) {
 		}
 	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
+	} else if dir, err = filepath.Abs(dir); err != nil { // mount points are matched against mountinfo
+		return nil, err
 	}
-	w := &world{dir: dir, bucket: "models", prefix: name + "/"}
+	w := &world{dir: dir, bucket: "models"}
 	if keep == "" {
 		w.defer_(func() { os.RemoveAll(dir) })
 	}
@@ -69,58 +80,72 @@ func newWorld(name, keep string, spec safetensors.Spec) (*world, error) {
 		w.close()
 		os.Exit(130)
 	}()
-	if err := w.seed(spec); err != nil {
+	var err error
+	if w.srv, err = testenv.StartS3(filepath.Join(w.dir, "s3")); err != nil {
+		w.close()
+		return nil, err
+	}
+	w.defer_(w.srv.Stop)
+	fmt.Printf("versitygw serving %s\n", w.srv.Endpoint)
+	if err := w.srv.CreateBucket(context.Background(), w.bucket); err != nil && !strings.Contains(err.Error(), "BucketAlreadyOwnedByYou") {
 		w.close()
 		return nil, err
 	}
 	return w, nil
 }
 
-func (w *world) seed(spec safetensors.Spec) error {
-	var err error
-	w.srv, err = testenv.StartS3(filepath.Join(w.dir, "s3"))
-	if err != nil {
-		return err
-	}
-	w.defer_(w.srv.Stop)
-	fmt.Printf("versitygw serving %s\n", w.srv.Endpoint)
-	w.s3 = &target{
-		uri: "s3://" + w.bucket + "/" + strings.TrimSuffix(w.prefix, "/"), endpoint: w.srv.Endpoint,
+// modelName names a model by its spec, so that a kept directory can hold
+// several.
+func modelName(spec safetensors.Spec) string {
+	return fmt.Sprintf("bench-%dm-%ds-mixed-%v", spec.Bytes>>20, spec.Shards, spec.Mixed)
+}
+
+// model seeds the server with a generated model of spec under
+// s3://models/<name>/, or reuses one a kept directory already holds.
+func (w *world) model(name string, spec safetensors.Spec) (*model, error) {
+	m := &model{spec: spec, prefix: name + "/"}
+	m.local = filepath.Join(w.srv.Root, w.bucket, m.prefix)
+	m.s3 = &target{
+		uri: "s3://" + w.bucket + "/" + name, endpoint: w.srv.Endpoint,
 		env: w.srv.Env(), pid: w.srv.Pid(),
 		open: func(conns int) (backend.Store, error) {
 			return backend.NewS3(context.Background(), w.bucket, backend.Config{Endpoint: w.srv.Endpoint,
 				AccessKey: testenv.AccessKey, SecretKey: testenv.SecretKey, MaxConns: conns})
 		},
 	}
-	stamp := filepath.Join(w.dir, strings.TrimSuffix(w.prefix, "/")+".seeded")
+	stamp := filepath.Join(w.dir, name+".seeded")
 	want, _ := json.Marshal(spec)
 	if have, err := os.ReadFile(stamp); err == nil && bytes.Equal(have, want) {
-		fmt.Printf("reusing the model seeded in %s\n", w.dir)
-		return w.inventory(w.localDir())
+		fmt.Printf("reusing %s seeded in %s\n", name, w.dir)
+		return m, m.inventory(m.local)
+	}
+	// Seeding PUTs each file whole: S3 takes at most 5 GiB in one PUT.
+	if spec.Bytes/int64(max(spec.Shards, 1)) > 5<<30-64<<20 {
+		return nil, fmt.Errorf("%w: %s: shards over 5 GiB cannot be seeded with one PUT each", errSkip, name)
+	}
+	// Generating needs room for the generated copy and the server's.
+	if free := freeBytes(w.dir); free < 2*spec.Bytes+(1<<30) {
+		return nil, fmt.Errorf("%w: seeding %s needs %s free in %s, %s is", errSkip, name, mib(2*spec.Bytes+(1<<30)), w.dir, mib(free))
 	}
 	start := time.Now()
-	local := filepath.Join(w.dir, "model")
-	defer os.RemoveAll(local)
-	if _, err := safetensors.Generate(local, spec); err != nil {
-		return err
+	gen := filepath.Join(w.dir, "generated-"+name)
+	defer os.RemoveAll(gen)
+	if _, err := safetensors.Generate(gen, spec); err != nil {
+		return nil, err
 	}
-	ctx := context.Background()
-	if err := w.srv.CreateBucket(ctx, w.bucket); err != nil && !strings.Contains(err.Error(), "BucketAlreadyOwnedByYou") {
-		return err
+	if err := w.srv.PutDir(context.Background(), w.bucket, m.prefix, gen); err != nil {
+		return nil, err
 	}
-	if err := w.srv.PutDir(ctx, w.bucket, w.prefix, local); err != nil {
-		return err
+	if err := m.inventory(gen); err != nil {
+		return nil, err
 	}
-	if err := w.inventory(local); err != nil {
-		return err
-	}
-	fmt.Printf("seeded s3://%s/%s: %d files, %s, in %.1f s\n", w.bucket, w.prefix, len(w.files),
-		mib(w.size), time.Since(start).Seconds())
-	return os.WriteFile(stamp, want, 0o644)
+	fmt.Printf("seeded s3://%s/%s: %d files, %s, in %.1f s\n", w.bucket, m.prefix, len(m.files),
+		mib(m.size), time.Since(start).Seconds())
+	return m, os.WriteFile(stamp, want, 0o644)
 }
 
 // inventory records the model's files from a directory holding them.
-func (w *world) inventory(dir string) error {
+func (m *model) inventory(dir string) error {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return err
@@ -130,17 +155,38 @@ func (w *world) inventory(dir string) error {
 		if err != nil {
 			return err
 		}
-		w.files = append(w.files, e.Name())
-		w.size += info.Size()
+		m.files = append(m.files, e.Name())
+		m.size += info.Size()
 		if strings.HasSuffix(e.Name(), ".safetensors") {
-			w.shards = append(w.shards, e.Name())
+			m.shards = append(m.shards, e.Name())
+			m.bytes += info.Size()
 		}
 	}
 	return nil
 }
 
-// localDir is where the server keeps the model's files: a local copy.
-func (w *world) localDir() string { return filepath.Join(w.srv.Root, w.bucket, w.prefix) }
+// shardPaths are the model's shards under dir.
+func (m *model) shardPaths(dir string) []string {
+	var ps []string
+	for _, s := range m.shards {
+		ps = append(ps, filepath.Join(dir, s))
+	}
+	return ps
+}
+
+// warmServer puts the server's copy of m in the page cache, so that rows
+// measure the path to the server, not the server's disk. The cache is
+// filled the way a mount's is, by reading: pages the server wrote when the
+// model was seeded come in larger folios than reads create, and would make
+// the local baseline depend on how the bench seeded it.
+func (m *model) warmServer() error {
+	local := m.shardPaths(m.local)
+	if err := evict(local); err != nil {
+		return err
+	}
+	_, err := runLoader(false, local)
+	return err
+}
 
 func (w *world) defer_(f func()) { w.cleanups = append(w.cleanups, f) }
 
@@ -169,16 +215,9 @@ func (w *world) mount(t *target, extra ...string) (*testenv.Daemon, error) {
 		if d.Stop(10*time.Second) != nil {
 			syscall.Unmount(mnt, syscall.MNT_DETACH)
 		}
+		os.Remove(mnt)
 	})
 	return d, nil
-}
-
-func (w *world) shardPaths(dir string) []string {
-	var ps []string
-	for _, s := range w.shards {
-		ps = append(ps, filepath.Join(dir, s))
-	}
-	return ps
 }
 
 func mib(n int64) string {
@@ -186,6 +225,15 @@ func mib(n int64) string {
 		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
 	}
 	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+// freeBytes is the room left for an unprivileged writer on dir's file system.
+func freeBytes(dir string) int64 {
+	var st unix.Statfs_t
+	if unix.Statfs(dir, &st) != nil {
+		return 0
+	}
+	return int64(st.Bavail) * st.Bsize
 }
 
 // mounted reports whether dir is a mount point, from /proc/self/mountinfo.
@@ -204,8 +252,8 @@ func mounted(dir string) bool {
 }
 
 // tosTarget starts the TOS protocol server in this process and seeds it
-// with the model's files. Stop the server when done: it holds them in RAM.
-func (w *world) tosTarget() (*target, func(), error) {
+// with m's files. Stop the server when done: it holds them in RAM.
+func (w *world) tosTarget(m *model) (*target, func(), error) {
 	srv, err := testenv.StartTOS()
 	if err != nil {
 		return nil, nil, err
@@ -215,10 +263,10 @@ func (w *world) tosTarget() (*target, func(), error) {
 		srv.Stop()
 		return nil, nil, err
 	}
-	for _, f := range w.files {
-		data, err := os.ReadFile(filepath.Join(w.localDir(), f))
+	for _, f := range m.files {
+		data, err := os.ReadFile(filepath.Join(m.local, f))
 		if err == nil {
-			err = srv.Put(ctx, w.bucket, w.prefix+f, data)
+			err = srv.Put(ctx, w.bucket, m.prefix+f, data)
 		}
 		if err != nil {
 			srv.Stop()
@@ -227,7 +275,7 @@ func (w *world) tosTarget() (*target, func(), error) {
 	}
 	fmt.Printf("TOS protocol server serving %s\n", srv.Endpoint)
 	return &target{
-		uri: "tos://" + w.bucket + "/" + strings.TrimSuffix(w.prefix, "/"), endpoint: srv.Endpoint,
+		uri: "tos://" + w.bucket + "/" + strings.TrimSuffix(m.prefix, "/"), endpoint: srv.Endpoint,
 		flags: []string{"--region", srv.Region},
 		env:   append(os.Environ(), "TOS_ACCESS_KEY="+testenv.AccessKey, "TOS_SECRET_KEY="+testenv.SecretKey),
 		pid:   os.Getpid(),
