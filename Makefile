@@ -9,7 +9,7 @@ VERSION       ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 export VERSITYGW := $(TOOLS)/versitygw
 export MODELFS_BIN := $(CURDIR)/bin/modelfs
 
-.PHONY: all build tools demo test test-short lint bench bench-peers bench-full clean
+.PHONY: all build tools demo test soak lint bench bench-peers bench-full clean
 
 all: build
 
@@ -33,6 +33,12 @@ demo: build tools
 test: build tools lint
 	$(GO) test -race -count=1 ./cache/... ./prefetch/... ./backend/... ./node/...
 	$(GO) test -count=1 -timeout 20m ./...
+
+# The fault soak for longer than make test runs it: 8 loader processes
+# through a fault-injecting proxy, faults switched on and off. SOAK=5m.
+SOAK ?= 5m
+soak: build tools
+	$(GO) test -count=1 -timeout 0 -v -run 'TestSoak$$' ./cmd/modelfs -soak=$(SOAK)
 
 lint: $(TOOLS)/staticcheck
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
