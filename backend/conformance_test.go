@@ -677,9 +677,10 @@ func TestTOSSessionToken(t *testing.T) {
 	wantKind(t, "List without the session token", err, backend.ErrAccess)
 }
 
-// TestTOSNoSDKRetries: Reader owns retries, so one Store call is one request
-// even when the server answers with errors the SDK would retry.
-func TestTOSNoSDKRetries(t *testing.T) {
+// TestTOSRetries: a GET is one request (Reader owns its retries, stall
+// detection included); a listing page or HEAD is retried 3 times on a
+// transient error and never on a permanent one.
+func TestTOSRetries(t *testing.T) {
 	srv, ts := startTOS(t)
 	if err := srv.createBucket(t.Context(), "retry-bucket"); err != nil {
 		t.Fatal(err)
@@ -700,10 +701,13 @@ func TestTOSNoSDKRetries(t *testing.T) {
 		calls := []struct {
 			name string
 			do   func() error
+			want int64
 		}{
-			{"List", func() error { return st.List(t.Context(), "", func(backend.Object) error { return nil }) }},
-			{"Stat", func() error { _, err := st.Stat(t.Context(), "k"); return err }},
-			{"Open", func() error { _, err := st.Open(t.Context(), "k", "", 0, 1); return err }},
+			// Listing pages and HEADs retry 3 times in the store, as the
+			// S3 SDK does; GETs once, Reader owning their retries.
+			{"List", func() error { return st.List(t.Context(), "", func(backend.Object) error { return nil }) }, 3},
+			{"Stat", func() error { _, err := st.Stat(t.Context(), "k"); return err }, 3},
+			{"Open", func() error { _, err := st.Open(t.Context(), "k", "", 0, 1); return err }, 1},
 		}
 		for _, c := range calls {
 			before := ts.Requests()
@@ -711,10 +715,21 @@ func TestTOSNoSDKRetries(t *testing.T) {
 			if err == nil || backend.Permanent(err) {
 				t.Errorf("%s on %d: error %v, want a transient one", c.name, status, err)
 			}
-			if n := ts.Requests() - before; n != 1 {
-				t.Errorf("%s on %d: %d requests, want 1 (the SDK must not retry)", c.name, status, n)
+			if n := ts.Requests() - before; n != c.want {
+				t.Errorf("%s on %d: %d requests, want %d", c.name, status, n, c.want)
 			}
 		}
+	}
+	ts.SetHook(func(w http.ResponseWriter, r *http.Request) bool {
+		w.WriteHeader(http.StatusForbidden)
+		return true
+	})
+	before := ts.Requests()
+	if _, err := st.Stat(t.Context(), "k"); !backend.Permanent(err) {
+		t.Errorf("Stat on 403: %v, want a permanent error", err)
+	}
+	if n := ts.Requests() - before; n != 1 {
+		t.Errorf("Stat on 403: %d requests, want 1", n)
 	}
 	// Reader retries the same failure itself, with its own backoff.
 	ts.SetHook(func(w http.ResponseWriter, r *http.Request) bool {
@@ -722,7 +737,7 @@ func TestTOSNoSDKRetries(t *testing.T) {
 		return true
 	})
 	r := backend.NewReader(st, backend.Policy{Attempts: 3, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond})
-	before := ts.Requests()
+	before = ts.Requests()
 	if err := r.ReadAt(t.Context(), backend.Object{Key: "k", Size: 10}, make([]byte, 4), 0); err == nil {
 		t.Fatal("ReadAt through a failing server succeeded")
 	}

@@ -14,7 +14,7 @@ import (
 // Why a request attempt was abandoned; they are wrapped into the error of
 // the attempt and counted in Stats.
 var (
-	ErrStalled   = errors.New("no first byte within the request timeout")
+	ErrStalled   = errors.New("no bytes arrived within the request timeout")
 	ErrTooSlow   = errors.New("transfer below the low-speed limit")
 	ErrTruncated = errors.New("body ended before the requested range")
 )
@@ -105,7 +105,7 @@ func (r *Reader) ReadVec(ctx context.Context, obj Object, off int64, bufs [][]by
 			}
 		}
 		err = r.attempt(ctx, obj, off+v.done, total-v.done, v)
-		if err == nil {
+		if err == nil || v.done == total {
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -175,12 +175,13 @@ func (r *Reader) attempt(ctx context.Context, obj Object, off, n int64, v *vec) 
 	start := time.Now()
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	w := &watchdog{cancel: cancel, window: r.Policy.LowSpeedWindow,
+	w := &watchdog{cancel: cancel, window: cmp.Or(r.Policy.LowSpeedWindow, r.Policy.FirstByteTimeout),
 		minBytes: int64(float64(r.Policy.LowSpeedLimit) * r.Policy.LowSpeedWindow.Seconds())}
 	// The timer first checks for the first byte, then re-arms itself every
-	// low-speed window; without a first-byte timeout it starts with the
-	// window, so a body that stalls is caught either way.
-	if first := cmp.Or(r.Policy.FirstByteTimeout, r.Policy.LowSpeedWindow); first > 0 {
+	// window (the low-speed window, else the first-byte timeout); without a
+	// first-byte timeout it starts with the window. A body that stops is
+	// caught whether or not a low-speed limit is set.
+	if first := cmp.Or(r.Policy.FirstByteTimeout, w.window); first > 0 {
 		w.t = time.AfterFunc(first, w.fire)
 		defer w.t.Stop()
 	}
@@ -196,13 +197,13 @@ func (r *Reader) attempt(ctx context.Context, obj Object, off, n int64, v *vec) 
 		w.progress.Add(int64(m))
 		r.Stats.BytesFetched.Add(int64(m))
 		v.advance(m)
+		if got == n {
+			break // every byte is here, whatever the body says next
+		}
 		// A body cut short arrives as io.ErrUnexpectedEOF from net/http.
 		if rerr == io.EOF || errors.Is(rerr, io.ErrUnexpectedEOF) {
-			if got < n {
-				r.Stats.Truncations.Add(1)
-				return fmt.Errorf("%w: got %d of %d bytes", ErrTruncated, got, n)
-			}
-			break
+			r.Stats.Truncations.Add(1)
+			return fmt.Errorf("%w: got %d of %d bytes", ErrTruncated, got, n)
 		}
 		if rerr != nil {
 			return r.cause(actx, rerr)
@@ -229,7 +230,8 @@ func (r *Reader) cause(actx context.Context, err error) error {
 }
 
 // watchdog aborts an attempt through its context: first when no byte came
-// within the first-byte timeout, then whenever a window moves too few bytes.
+// within the first-byte timeout, then whenever a window moves no bytes, or
+// fewer than the low-speed limit asks.
 // fire runs only on the timer goroutine and re-arms itself, so last and
 // armed need no lock.
 type watchdog struct {
@@ -244,14 +246,14 @@ type watchdog struct {
 
 func (w *watchdog) fire() {
 	cur := w.progress.Load()
-	if cur == 0 {
+	if cur == 0 || (w.minBytes <= 0 && cur == w.last) {
 		w.cancel(ErrStalled)
 		return
 	}
-	if w.window <= 0 || w.minBytes <= 0 {
-		return // no low-speed limit
+	if w.window <= 0 {
+		return // nothing to watch after the first byte
 	}
-	if w.armed && cur-w.last < w.minBytes {
+	if w.minBytes > 0 && w.armed && cur-w.last < w.minBytes {
 		w.cancel(fmt.Errorf("%w: %d bytes in %v", ErrTooSlow, cur-w.last, w.window))
 		return
 	}

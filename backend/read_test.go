@@ -862,3 +862,68 @@ func (f *fakeStore) servedAfter(i int) int64 {
 	}
 	return n
 }
+
+// With the low-speed limit off, a body that stops after its first bytes is
+// still a stall: the watchdog checks every first-byte timeout for progress.
+func TestReadAtStallAfterFirstBytesLowSpeedOff(t *testing.T) {
+	pol := fastPolicy
+	pol.FirstByteTimeout = 50 * time.Millisecond // and LowSpeedLimit 0: off
+	f := newFake(t, 4096, fault{kind: stallBody, k: 10})
+	r := NewReader(f, pol)
+	p := make([]byte, 1000)
+	if err := r.ReadAt(testCtx(t), f.obj(), p, 0); err != nil {
+		t.Fatalf("ReadAt: %v", err)
+	}
+	if !bytes.Equal(p, f.data[:1000]) {
+		t.Fatal("wrong bytes after the stall")
+	}
+	if got := r.Stats.Stalls.Load(); got != 1 {
+		t.Errorf("Stalls = %d, want 1", got)
+	}
+	if reqs := f.requests(); len(reqs) != 2 || reqs[1].off != 10 {
+		t.Errorf("GETs %+v, want a second one from offset 10", reqs)
+	}
+}
+
+// allThenErr delivers its bytes, the last ones together with an error other
+// than EOF, as io.Reader allows.
+type allThenErr struct{ data []byte }
+
+func (b *allThenErr) Read(p []byte) (int, error) {
+	n := copy(p, b.data)
+	b.data = b.data[n:]
+	if len(b.data) == 0 {
+		return n, errors.New("connection reset by peer")
+	}
+	return n, nil
+}
+
+func (b *allThenErr) Close() error { return nil }
+
+type allThenErrStore struct {
+	*fakeStore
+	sizes []int64
+}
+
+func (s *allThenErrStore) Open(ctx context.Context, key, etag string, off, n int64) (io.ReadCloser, error) {
+	s.sizes = append(s.sizes, n)
+	return &allThenErr{data: append([]byte(nil), s.data[off:off+n]...)}, nil
+}
+
+// A body whose last bytes come with an error has still delivered them: the
+// read succeeds with one GET, and never asks for an empty range.
+func TestReadAtAllBytesThenError(t *testing.T) {
+	f := newFake(t, 100)
+	s := &allThenErrStore{fakeStore: f}
+	r := NewReader(s, fastPolicy)
+	p := make([]byte, 100)
+	if err := r.ReadAt(testCtx(t), f.obj(), p, 0); err != nil {
+		t.Fatalf("every byte arrived, yet ReadAt failed: %v (GET sizes %v)", err, s.sizes)
+	}
+	if !bytes.Equal(p, f.data) {
+		t.Fatal("wrong bytes")
+	}
+	if len(s.sizes) != 1 {
+		t.Errorf("GET sizes %v, want one GET", s.sizes)
+	}
+}

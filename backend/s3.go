@@ -6,6 +6,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
@@ -71,29 +72,42 @@ func NewS3(ctx context.Context, bucket string, cfg Config) (Store, error) {
 	pathStyle := cfg.ForcePathStyle
 	if endpoint != "" {
 		u, err := url.Parse(endpoint)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("invalid S3 endpoint %q: want http(s)://HOST[:PORT]", endpoint)
+		if err != nil {
+			return nil, errors.New("invalid S3 endpoint: not a URL; want http(s)://HOST[:PORT]") // the text may hold a password
+		}
+		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("invalid S3 endpoint %q: want http(s)://HOST[:PORT]", u.Redacted())
+		}
+		if u.User != nil {
+			// It would be shown in logs and status; credentials go elsewhere.
+			return nil, fmt.Errorf("invalid S3 endpoint %q: user info in the URL is not supported; pass credentials through the environment", u.Redacted())
 		}
 		pathStyle = pathStyle || hostNeedsPathStyle(u.Hostname())
 	}
 	hc := newHTTPClient(cfg.MaxConns)
-	opts := []func(*config.LoadOptions) error{config.WithHTTPClient(hc)}
+	var opts []func(*config.LoadOptions) error
+	if bundle := os.Getenv("AWS_CA_BUNDLE"); bundle != "" && strings.HasPrefix(endpoint, "http://") && !usableBundle(bundle) {
+		// AWS_CA_BUNDLE only matters for TLS, yet the SDK refuses to start
+		// when it cannot load it. For a plain-HTTP endpoint hand it a
+		// placeholder root, which LoadOptions let win. The SDK adds the
+		// bundle to the pool already set, so seeding that pool with the
+		// system's roots keeps the TLS the SDK still speaks (STS, SSO) working.
+		pem, err := throwawayRootPEM()
+		if err != nil {
+			return nil, err
+		}
+		if pool, err := x509.SystemCertPool(); err == nil {
+			hc = hc.WithTransportOptions(func(t *http.Transport) { t.TLSClientConfig = &tls.Config{RootCAs: pool} })
+		}
+		opts = append(opts, config.WithCustomCABundle(bytes.NewReader(pem)))
+	}
+	opts = append(opts, config.WithHTTPClient(hc))
 	if cfg.Region != "" {
 		opts = append(opts, config.WithRegion(cfg.Region))
 	}
 	if cfg.AccessKey != "" {
 		opts = append(opts, config.WithCredentialsProvider(
 			credentials.NewStaticCredentialsProvider(cfg.AccessKey, cfg.SecretKey, cfg.SessionToken)))
-	}
-	if bundle := os.Getenv("AWS_CA_BUNDLE"); bundle != "" && strings.HasPrefix(endpoint, "http://") {
-		// AWS_CA_BUNDLE only matters for TLS. The SDK loads it whatever the
-		// endpoint and fails when it is unreadable; for a plain-HTTP endpoint
-		// hand it a harmless root instead, which LoadOptions let win.
-		pem, err := throwawayRootPEM()
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, config.WithCustomCABundle(bytes.NewReader(pem)))
 	}
 	awsCfg, err := config.LoadDefaultConfig(ctx, opts...)
 	if err != nil {
@@ -180,12 +194,10 @@ func (s *s3Store) String() string { return "s3://" + s.bucket + " at " + s.endpo
 func (s *s3Store) Close() error { return nil }
 
 func (s *s3Store) List(ctx context.Context, prefix string, fn func(Object) error) error {
-	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{
-		Bucket: aws.String(s.bucket),
-		Prefix: aws.String(prefix),
-	})
-	for p.HasMorePages() {
-		page, err := p.NextPage(ctx)
+	in := &s3.ListObjectsV2Input{Bucket: aws.String(s.bucket), Prefix: aws.String(prefix)}
+	seen := map[string]bool{}
+	for {
+		page, err := s.client.ListObjectsV2(ctx, in)
 		if err != nil {
 			return s.mapErr(err, "list", prefix)
 		}
@@ -198,8 +210,18 @@ func (s *s3Store) List(ctx context.Context, prefix string, fn func(Object) error
 				return err
 			}
 		}
+		if !aws.ToBool(page.IsTruncated) {
+			return nil
+		}
+		// A server that pages without a new token would end the listing
+		// early or loop on one page: either way, the tree would be wrong.
+		next := aws.ToString(page.NextContinuationToken)
+		if next == "" || seen[next] {
+			return fmt.Errorf("s3 list s3://%s/%s: truncated listing without a new continuation token", s.bucket, prefix)
+		}
+		seen[next] = true
+		in.ContinuationToken = aws.String(next)
 	}
-	return nil
 }
 
 func (s *s3Store) Stat(ctx context.Context, key string) (Object, error) {
@@ -300,6 +322,13 @@ func (s *s3Store) mapErr(err error, op, key string) error {
 		}
 	}
 	return wrapped
+}
+
+// usableBundle reports whether the CA bundle at path holds a certificate
+// the SDK can load.
+func usableBundle(path string) bool {
+	b, err := os.ReadFile(path)
+	return err == nil && x509.NewCertPool().AppendCertsFromPEM(b)
 }
 
 // throwawayRootPEM makes a self-signed certificate that trusts nothing real:

@@ -1,7 +1,14 @@
 package backend
 
 import (
+	"encoding/pem"
+	"fmt"
+	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -207,5 +214,97 @@ func TestHostNeedsPathStyle(t *testing.T) {
 		if got := hostNeedsPathStyle(tc.host); got != tc.want {
 			t.Errorf("hostNeedsPathStyle(%q) = %v, want %v", tc.host, got, tc.want)
 		}
+	}
+}
+
+// listServer answers every ListObjectsV2 with one object on a page that
+// claims more follow, continuing with token (none when empty).
+func listServer(t *testing.T, token string) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/xml")
+		next := ""
+		if token != "" {
+			next = "<NextContinuationToken>" + token + "</NextContinuationToken>"
+		}
+		fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>bkt</Name><KeyCount>1</KeyCount>`+
+			`<MaxKeys>1000</MaxKeys><IsTruncated>true</IsTruncated>%s<Contents><Key>a</Key><Size>1</Size><ETag>"x"</ETag></Contents></ListBucketResult>`, next)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// A server that says a listing goes on but gives no new token must fail
+// the listing, not end it early (a partial tree) or loop on one page.
+func TestS3ListNeedsNewContinuationToken(t *testing.T) {
+	for name, token := range map[string]string{"no token": "", "same token again": "t1"} {
+		t.Run(name, func(t *testing.T) {
+			srv := listServer(t, token)
+			st, err := NewS3(t.Context(), "bkt", Config{Endpoint: srv.URL, AccessKey: "a", SecretKey: "b"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pages := 0
+			err = st.List(t.Context(), "", func(Object) error { pages++; return nil })
+			if err == nil || !strings.Contains(err.Error(), "continuation token") {
+				t.Fatalf("List after %d pages: %v, want an error about the continuation token", pages, err)
+			}
+		})
+	}
+}
+
+// An endpoint carrying a password is refused without echoing it.
+func TestS3EndpointWithUserInfo(t *testing.T) {
+	_, err := NewS3(t.Context(), "bkt", Config{Endpoint: "http://user:s3cr3t@127.0.0.1:1", AccessKey: "a", SecretKey: "b"})
+	if err == nil || strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "user info") {
+		t.Fatalf("NewS3 with a password in the endpoint: %v", err)
+	}
+}
+
+// AWS_CA_BUNDLE with a plain-HTTP endpoint: the SDK still speaks TLS to
+// STS for web-identity credentials, which must trust the bundle's CA.
+func TestCABundleWithHTTPEndpointKeepsSTS(t *testing.T) {
+	sts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/xml")
+		io.WriteString(w, `<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><AssumeRoleWithWebIdentityResult>`+
+			`<Credentials><AccessKeyId>AKID</AccessKeyId><SecretAccessKey>SECRET</SecretAccessKey><SessionToken>TOKEN</SessionToken>`+
+			`<Expiration>2099-01-01T00:00:00Z</Expiration></Credentials></AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>`)
+	}))
+	defer sts.Close()
+	s3srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.Contains(r.Header.Get("Authorization"), "AKID/") {
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
+		w.Header().Set("Content-Type", "application/xml")
+		io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>bkt</Name><KeyCount>1</KeyCount>`+
+			`<IsTruncated>false</IsTruncated><Contents><Key>a</Key><Size>1</Size><ETag>"x"</ETag></Contents></ListBucketResult>`)
+	}))
+	defer s3srv.Close()
+	dir := t.TempDir()
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	bundle := write("ca.pem", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: sts.Certificate().Raw}))
+	empty := write("empty", nil)
+	for k, v := range map[string]string{
+		"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_SESSION_TOKEN": "", "AWS_PROFILE": "",
+		"AWS_CONFIG_FILE": empty, "AWS_SHARED_CREDENTIALS_FILE": empty, "AWS_EC2_METADATA_DISABLED": "true",
+		"AWS_CA_BUNDLE": bundle, "AWS_ROLE_ARN": "arn:aws:iam::123456789012:role/r",
+		"AWS_WEB_IDENTITY_TOKEN_FILE": write("token", []byte("jwt")), "AWS_ENDPOINT_URL_STS": sts.URL,
+		"AWS_REGION": "us-east-1",
+	} {
+		t.Setenv(k, v)
+	}
+	st, err := NewS3(t.Context(), "bkt", Config{Endpoint: s3srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	if err := st.List(t.Context(), "", func(Object) error { n++; return nil }); err != nil || n != 1 {
+		t.Fatalf("List over http:// with AWS_CA_BUNDLE and web-identity credentials: %d objects, %v", n, err)
 	}
 }

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/volcengine/ve-tos-golang-sdk/v2/tos"
 )
@@ -68,8 +70,9 @@ func NewTOS(ctx context.Context, bucket string, cfg Config) (Store, error) {
 		// WithMaxConnections caps connections per host as well as sizing
 		// the idle pool: cfg.MaxConns is at least the parallel GETs.
 		tos.WithMaxConnections(maxConns),
-		// Reader owns retries, stall detection and backoff for every store
-		// alike; the SDK's own retries would hide stalls behind sleeps.
+		// Reader owns retries, stall detection and backoff of GETs for every
+		// store alike; the SDK's own retries would hide stalls behind
+		// sleeps. Listing pages and HEADs retry through retryMeta.
 		tos.WithMaxRetryCount(0),
 		// Without this the SDK sends (and signs) a Content-Type guessed from
 		// the key's extension on every GET and HEAD.
@@ -130,15 +133,22 @@ func (s *tosStore) Close() error {
 func (s *tosStore) List(ctx context.Context, prefix string, fn func(Object) error) error {
 	token := ""
 	for {
-		out, err := s.client.ListObjectsType2(ctx, &tos.ListObjectsType2Input{
-			Bucket:            s.bucket,
-			Prefix:            prefix,
-			ContinuationToken: token,
-			MaxKeys:           tos.DefaultListMaxKeys,
-			ListOnlyOnce:      true, // one page per call: we page ourselves
+		var out *tos.ListObjectsType2Output
+		err := retryMeta(ctx, func() (err error) {
+			out, err = s.client.ListObjectsType2(ctx, &tos.ListObjectsType2Input{
+				Bucket:            s.bucket,
+				Prefix:            prefix,
+				ContinuationToken: token,
+				MaxKeys:           tos.DefaultListMaxKeys,
+				ListOnlyOnce:      true, // one page per call: we page ourselves
+			})
+			if err != nil {
+				return s.mapErr(err, "list", prefix)
+			}
+			return nil
 		})
 		if err != nil {
-			return s.mapErr(err, "list", prefix)
+			return err
 		}
 		for _, o := range out.Contents {
 			if err := fn(Object{Key: o.Key, Size: o.Size, ETag: o.ETag, ModTime: o.LastModified}); err != nil {
@@ -156,9 +166,16 @@ func (s *tosStore) List(ctx context.Context, prefix string, fn func(Object) erro
 }
 
 func (s *tosStore) Stat(ctx context.Context, key string) (Object, error) {
-	out, err := s.client.HeadObjectV2(ctx, &tos.HeadObjectV2Input{Bucket: s.bucket, Key: key})
+	var out *tos.HeadObjectV2Output
+	err := retryMeta(ctx, func() (err error) {
+		out, err = s.client.HeadObjectV2(ctx, &tos.HeadObjectV2Input{Bucket: s.bucket, Key: key})
+		if err != nil {
+			return s.mapErr(err, "stat", key)
+		}
+		return nil
+	})
 	if err != nil {
-		return Object{}, s.mapErr(err, "stat", key)
+		return Object{}, err
 	}
 	return Object{Key: key, Size: out.ContentLength, ETag: out.ETag, ModTime: out.LastModified}, nil
 }
@@ -234,3 +251,25 @@ type causeError struct{ err, cause error }
 
 func (e *causeError) Error() string   { return e.err.Error() }
 func (e *causeError) Unwrap() []error { return []error{e.err, e.cause} }
+
+// retryMeta runs a listing page or HEAD up to three times while it fails
+// with a transient error, as the S3 SDK does for those calls: one 503 must
+// not fail a mount or a health check. GETs retry in Reader instead.
+func retryMeta(ctx context.Context, call func() error) error {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if attempt > 0 {
+			t := time.NewTimer(time.Duration(rand.Int64N(int64(100*time.Millisecond) << attempt)))
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return err
+			}
+		}
+		if err = call(); err == nil || Permanent(err) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}

@@ -37,7 +37,7 @@ var metrics = []metric{
 	counter("modelfs_bytes_served_total", "Bytes delivered to readers through the mount.", func(n *Node) int64 { return n.fetcher.Stats.BytesServed.Load() }),
 	counter("modelfs_get_requests_total", "Ranged GET attempts.", func(n *Node) int64 { return n.stats.Requests.Load() }),
 	counter("modelfs_get_retries_total", "GET attempts after a failed one.", func(n *Node) int64 { return n.stats.Retries.Load() }),
-	counter("modelfs_get_stalls_total", "GETs aborted for no first byte within the request timeout.", func(n *Node) int64 { return n.stats.Stalls.Load() }),
+	counter("modelfs_get_stalls_total", "GETs aborted for no bytes within the request timeout.", func(n *Node) int64 { return n.stats.Stalls.Load() }),
 	counter("modelfs_get_slow_aborts_total", "GETs aborted below the low-speed limit.", func(n *Node) int64 { return n.stats.SlowAborts.Load() }),
 	counter("modelfs_get_truncations_total", "GET bodies that ended early.", func(n *Node) int64 { return n.stats.Truncations.Load() }),
 	counter("modelfs_get_precondition_failures_total", "GETs refused because the object changed (ETag).", func(n *Node) int64 { return n.stats.Preconditions.Load() }),

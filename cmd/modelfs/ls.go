@@ -71,6 +71,10 @@ func catCommand() *cli.Command {
 			if key == "" || strings.HasSuffix(c.Args().First(), "/") {
 				return usageErr("cat needs the URI of an object, not of a prefix: %s", c.Args().First())
 			}
+			policy, err := parsePolicy(c)
+			if err != nil {
+				return err
+			}
 			ctx := c.Context
 			store, err := openStore(ctx, c, loc, 4)
 			if err != nil {
@@ -80,10 +84,6 @@ func catCommand() *cli.Command {
 			obj, err := store.Stat(ctx, key)
 			if err != nil {
 				return explain(err, loc, store)
-			}
-			policy, err := parsePolicy(c)
-			if err != nil {
-				return err
 			}
 			r := backend.NewReader(store, policy)
 			w := bufio.NewWriterSize(c.App.Writer, 1<<20)

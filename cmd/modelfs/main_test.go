@@ -195,6 +195,12 @@ func TestBadInputFailsBeforeMounting(t *testing.T) {
 			}
 		})
 	}
+	t.Run("warm interval", func(t *testing.T) {
+		code, _, stderr := run(t, nil, "warm", "--interval", "0s", "some-model")
+		if code != 2 || !strings.Contains(stderr, "--interval 0s") || strings.Contains(stderr, "panic") {
+			t.Errorf("warm --interval 0s: exit %d, stderr %q", code, stderr)
+		}
+	})
 	t.Run("argument count", func(t *testing.T) {
 		code, _, stderr := run(t, nil, "mount", uri)
 		if code == 0 || !strings.Contains(stderr, "mount needs a MOUNTPOINT after") {

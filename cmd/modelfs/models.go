@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -154,7 +155,7 @@ func modelsCommand() *cli.Command {
 					if c.NArg() != 1 {
 						return usageErr("models rm needs one NAME, got %d argument(s)", c.NArg())
 					}
-					return newAPI(c).call(c.Context, "DELETE", "/v1/model/"+c.Args().First(), nil, nil)
+					return newAPI(c).call(c.Context, "DELETE", "/v1/model/"+url.PathEscape(c.Args().First()), nil, nil)
 				},
 			},
 		},
@@ -197,6 +198,9 @@ cache is full), 1 if the download fails.`,
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return usageErr("warm needs one NAME or URI, got %d argument(s)", c.NArg())
+			}
+			if c.Duration("interval") <= 0 {
+				return usageErr("--interval %v: want a positive duration", c.Duration("interval"))
 			}
 			name := c.Args().First()
 			if strings.Contains(name, "://") {
