@@ -36,8 +36,8 @@ func (m *Mount) Attach(name string, src *Source) ([]*prefetch.File, error) {
 	return st.files, nil
 }
 
-// Detach removes the attached model name. Its open files fail with ESTALE
-// from then on; its cached chunks are dropped.
+// Detach removes the attached model name and drops its cached chunks.
+// Files still open read what the kernel caches; the rest fails.
 func (m *Mount) Detach(name string) error {
 	r := m.root
 	r.mu.Lock()
@@ -49,9 +49,6 @@ func (m *Mount) Detach(name string) error {
 	}
 	st.stop()
 	r.remove(&r.Inode, name, st.top)
-	for _, f := range st.files {
-		r.fetcher.Forget(f)
-	}
 	return nil
 }
 

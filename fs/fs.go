@@ -8,11 +8,11 @@
 // lookups live for Options.Timeout and open files keep their page cache
 // (FOPEN_KEEP_CACHE), so a second load never reaches this process.
 //
-// Each file shows one object version at a time (see version). A re-list
-// (Mount.Refresh) that finds a new version retires the old one, drops the
-// kernel's cached pages and attributes, and only then publishes the new
-// one, so no reader ever sees bytes of two versions: handles opened before
-// the change get ESTALE once the old bytes are gone.
+// Each file inode is one object version. A re-list (Mount.Refresh) that
+// finds a new version puts a new inode under the name, so the kernel's
+// cached pages never mix versions: handles opened before the change keep
+// the old inode, read what it still caches and get ESTALE for the rest
+// (the store refuses the old ETag).
 package fs
 
 import (
@@ -72,70 +72,15 @@ type dir struct {
 	attached bool
 }
 
+// file is one object version: a file whose object changes is replaced by
+// a new inode (see Mount.Refresh), so an inode's attributes and bytes never
+// change and neither do the pages the kernel caches for it.
 type file struct {
 	gofs.Inode
+	f       *prefetch.File
 	fetcher *prefetch.Fetcher
 	stats   *Stats
-
-	// swap is held for writing while a new version replaces cur, so that
-	// an open never gets a version on its way out.
-	swap sync.RWMutex
-	cur  atomic.Pointer[version]
 }
-
-// version is one object version as a file shows it. Reads hold it from
-// the request until their reply has been written; retire waits for those
-// and fails every later read with ESTALE, so that none of its bytes reach
-// the page cache once the cache has been invalidated for a new version.
-type version struct {
-	f *prefetch.File
-
-	mu      sync.Mutex
-	readers int
-	retired bool
-	idle    chan struct{} // closed when the last reader leaves a retired version
-}
-
-func (v *version) begin() bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.retired {
-		return false
-	}
-	v.readers++
-	return true
-}
-
-func (v *version) end() {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	v.readers--
-	if v.retired && v.readers == 0 && v.idle != nil {
-		close(v.idle)
-		v.idle = nil
-	}
-}
-
-// retire ends the version and waits up to timeout for its reads to finish.
-func (v *version) retire(timeout time.Duration) {
-	v.mu.Lock()
-	v.retired = true
-	if v.readers == 0 {
-		v.mu.Unlock()
-		return
-	}
-	idle := make(chan struct{})
-	v.idle = idle
-	v.mu.Unlock()
-	select {
-	case <-idle:
-	case <-time.After(timeout):
-		slog.Warn("reads of a replaced object still running; invalidating anyway", "file", v.f.Name)
-	}
-}
-
-// handle is an open file: it reads the version that was current at open.
-type handle struct{ v *version }
 
 var (
 	_ = (gofs.NodeOnAdder)((*root)(nil))
@@ -145,7 +90,6 @@ var (
 	_ = (gofs.NodeGetattrer)((*file)(nil))
 	_ = (gofs.NodeOpener)((*file)(nil))
 	_ = (gofs.NodeReader)((*file)(nil))
-	_ = (gofs.FileHandle)((*handle)(nil))
 )
 
 func newRoot(src *Source, f *prefetch.Fetcher) *root {
@@ -189,7 +133,7 @@ func (r *root) build(ctx context.Context, st *subtree) {
 				add(r.newDir(ctx, p, c), c)
 				continue
 			}
-			r.newFile(ctx, p, c.Name, st.files[i])
+			r.newFile(ctx, p, c.Name, st.files[i], false)
 			i++
 		}
 	}
@@ -203,10 +147,11 @@ func (r *root) newDir(ctx context.Context, parent *gofs.Inode, e *Entry) *gofs.I
 	return ch
 }
 
-func (r *root) newFile(ctx context.Context, parent *gofs.Inode, name string, f *prefetch.File) {
-	n := &file{fetcher: r.fetcher, stats: r.stats}
-	n.cur.Store(&version{f: f})
-	parent.AddChild(name, parent.NewPersistentInode(ctx, n, gofs.StableAttr{Mode: fuse.S_IFREG}), false)
+// newFile adds (or, with replace, swaps in) the inode of one object
+// version.
+func (r *root) newFile(ctx context.Context, parent *gofs.Inode, name string, f *prefetch.File, replace bool) {
+	n := &file{f: f, fetcher: r.fetcher, stats: r.stats}
+	parent.AddChild(name, parent.NewPersistentInode(ctx, n, gofs.StableAttr{Mode: fuse.S_IFREG}), replace)
 }
 
 func (r *root) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
@@ -263,10 +208,7 @@ func (d *dir) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut
 }
 
 func (n *file) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	obj := n.cur.Load().f.Obj
-	if h, ok := fh.(*handle); ok {
-		obj = h.v.f.Obj
-	}
+	obj := n.f.Obj
 	out.Mode = fuse.S_IFREG | 0o444
 	out.Nlink = 1
 	out.Size = uint64(obj.Size)
@@ -285,38 +227,34 @@ func setTimes(a *fuse.Attr, t time.Time) {
 	a.Mtimensec, a.Atimensec, a.Ctimensec = ns, ns, ns
 }
 
-// Open keeps the kernel's page cache across opens: the contents of a
-// listed object version never change, and a new version invalidates the
-// cache before any open can see it.
+// Open keeps the kernel's page cache across opens: an inode's bytes never
+// change (a new object version gets a new inode).
 func (n *file) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC|syscall.O_APPEND) != 0 {
 		return nil, 0, syscall.EROFS
 	}
-	n.swap.RLock()
-	defer n.swap.RUnlock()
-	return &handle{v: n.cur.Load()}, fuse.FOPEN_KEEP_CACHE, 0
+	return nil, fuse.FOPEN_KEEP_CACHE, 0
 }
 
 func (n *file) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	v := n.cur.Load()
-	if h, ok := fh.(*handle); ok {
-		v = h.v
-	}
-	if !v.begin() {
-		return nil, syscall.ESTALE
-	}
-	spans, err := n.fetcher.Read(ctx, v.f, off, len(dest))
+	f := n.f
+	spans, err := n.fetcher.Read(ctx, f, off, len(dest))
 	if err != nil {
-		v.end()
 		e := errno(err)
 		if e != syscall.EINTR {
-			slog.Warn("read failed", "file", v.f.Name, "offset", off, "size", len(dest), "errno", e.Error(), "err", err)
+			slog.Warn("read failed", "file", f.Name, "offset", off, "size", len(dest), "errno", e.Error(), "err", err)
 		}
 		return nil, e
 	}
-	r := &reply{fetcher: n.fetcher, v: v, spans: spans}
+	r := &reply{fetcher: n.fetcher, f: f, spans: spans}
+	size := r.Size()
+	if size == 0 {
+		// go-fuse never calls Done on an empty reply.
+		r.Done()
+		return fuse.ReadResultData(nil), 0
+	}
 	n.stats.Reads.Add(1)
-	n.stats.ReadBytes.Add(int64(r.Size()))
+	n.stats.ReadBytes.Add(int64(size))
 	return r, 0
 }
 
@@ -325,7 +263,7 @@ func (n *file) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 // the chunks may be released: until then the kernel has not copied them.
 type reply struct {
 	fetcher *prefetch.Fetcher
-	v       *version
+	f       *prefetch.File
 	spans   []prefetch.Span
 }
 
@@ -356,9 +294,8 @@ func (r *reply) Bytes(buf []byte) ([]byte, fuse.Status) {
 }
 
 func (r *reply) Done() {
-	r.fetcher.Delivered(r.v.f, r.spans)
+	r.fetcher.Delivered(r.f, r.spans)
 	r.spans = nil
-	r.v.end()
 }
 
 // errno maps a read error to the status a reader sees, in one place: an

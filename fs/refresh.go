@@ -8,13 +8,7 @@ import (
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
-
-	"github.com/modelfs/modelfs/prefetch"
 )
-
-// retireTimeout bounds how long a version swap waits for reads of the old
-// version that are already under way.
-const retireTimeout = 10 * time.Second
 
 // Changes counts what a refresh did.
 type Changes struct{ Added, Changed, Removed int }
@@ -22,8 +16,9 @@ type Changes struct{ Added, Changed, Removed int }
 // Refresh lists the mount's own source again and applies the differences
 // to the mounted tree: new files and directories appear (and the kernel
 // forgets that they were missing), deleted ones disappear, and a file whose
-// object has a new version shows it to opens from now on, while handles
-// opened before get ESTALE once the old bytes are gone.
+// object has a new version becomes a new inode under the same name, which
+// opens from now on get. Handles opened before keep the old inode: they
+// read the old bytes the kernel still caches and get ESTALE for the rest.
 func (m *Mount) Refresh(ctx context.Context) (Changes, error) {
 	if m.root.own == nil {
 		return Changes{}, errors.New("this mount has no source of its own")
@@ -94,16 +89,20 @@ func (r *root) apply(ctx context.Context, st *subtree, t *Tree) Changes {
 				p.NotifyEntry(name) // the kernel may hold a negative entry
 				c.Added++
 			case have == nil:
-				r.newFile(ctx, p, name, r.fetcher.File(childPath, *want.Obj, st.src.Reader))
+				r.newFile(ctx, p, name, r.fetcher.File(childPath, *want.Obj, st.src.Reader), false)
 				p.NotifyEntry(name)
 				c.Added++
 			case want.IsDir():
 				walk(have, want, childPath)
 			default:
-				n := have.Operations().(*file)
-				if old := n.cur.Load().f.Obj; old.Key != want.Obj.Key || old.ETag != want.Obj.ETag ||
-					old.Size != want.Obj.Size || !old.ModTime.Equal(want.Obj.ModTime) {
-					n.replace(r.fetcher.File(childPath, *want.Obj, st.src.Reader))
+				old := have.Operations().(*file).f
+				if o := old.Obj; o.Key != want.Obj.Key || o.ETag != want.Obj.ETag ||
+					o.Size != want.Obj.Size || !o.ModTime.Equal(want.Obj.ModTime) {
+					// A new inode: the old one keeps its pages for the
+					// handles open on it, and new lookups find this one.
+					r.newFile(ctx, p, name, r.fetcher.File(childPath, *want.Obj, st.src.Reader), true)
+					p.NotifyEntry(name)
+					r.fetcher.Forget(old)
 					c.Changed++
 				}
 			}
@@ -123,35 +122,24 @@ func (r *root) apply(ctx context.Context, st *subtree, t *Tree) Changes {
 	return c
 }
 
-// replace publishes a new version of the file: the old one is retired
-// (reads under way finish, later ones fail), the kernel drops its cached
-// pages and attributes, and only then can an open get the new one.
-func (n *file) replace(f *prefetch.File) {
-	n.swap.Lock()
-	defer n.swap.Unlock()
-	n.cur.Load().retire(retireTimeout)
-	n.NotifyContent(0, 0)
-	n.cur.Store(&version{f: f})
-}
-
-// remove takes a file or directory out of the tree, retiring every file
-// version below it.
+// remove takes a file or directory out of the tree and drops the cached
+// chunks of every file below it. Handles open on them read what the kernel
+// still caches and get ESTALE for the rest.
 func (r *root) remove(p *gofs.Inode, name string, ch *gofs.Inode) {
-	var retire func(in *gofs.Inode)
-	retire = func(in *gofs.Inode) {
-		if n, ok := in.Operations().(*file); ok {
-			n.swap.Lock()
-			n.cur.Load().retire(retireTimeout)
-			n.swap.Unlock()
-			return
-		}
-		for _, c := range in.Children() {
-			retire(c)
-		}
-	}
-	retire(ch)
 	p.RmChild(name)
 	p.NotifyEntry(name)
+	r.forget(ch)
+}
+
+// forget drops the cached chunks of every file at or below in.
+func (r *root) forget(in *gofs.Inode) {
+	if n, ok := in.Operations().(*file); ok {
+		r.fetcher.Forget(n.f)
+		return
+	}
+	for _, c := range in.Children() {
+		r.forget(c)
+	}
 }
 
 func isAttached(in *gofs.Inode) bool {

@@ -76,3 +76,50 @@ func TestRefreshNeverMixesVersions(t *testing.T) {
 		t.Errorf("deleted file: %v, want ENOENT", err)
 	}
 }
+
+// TestRefreshOldHandleKeepsItsPages: the page cache cannot mix versions.
+// A buffered handle reads some of the old version; the object is replaced
+// by a larger one and a new open reads it all into the page cache; the old
+// handle then still gets only old bytes (or ESTALE), and stat and new opens
+// show the new size although the old handle is still open.
+func TestRefreshOldHandleKeepsItsPages(t *testing.T) {
+	b := newBucket(t)
+	const oldSize, newSize = 10 * testChunk, 20 * testChunk
+	put(t, b, "w", bytes.Repeat([]byte{'A'}, oldSize))
+	mt := mountBucket(t, b, "", mountOpts{})
+	p := filepath.Join(mt.dir, "w")
+	old, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	buf := make([]byte, testChunk)
+	if _, err := old.ReadAt(buf, 0); err != nil || buf[0] != 'A' {
+		t.Fatalf("first read: %v %q", err, buf[:1])
+	}
+
+	newData := bytes.Repeat([]byte{'B'}, newSize)
+	put(t, b, "w", newData)
+	if _, err := mt.m.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(p); err != nil || st.Size() != newSize {
+		t.Fatalf("stat with the old handle open: %v, %v; want size %d", st, err, newSize)
+	}
+	if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, newData) {
+		t.Fatalf("a new open read %d bytes (%v), want the %d new ones", len(got), err, newSize)
+	}
+	for off := int64(0); off < oldSize; off += testChunk {
+		n, err := old.ReadAt(buf, off)
+		switch {
+		case errors.Is(err, syscall.ESTALE):
+		case err != nil:
+			t.Fatalf("old handle at %d: %v, want its old bytes or ESTALE", off, err)
+		case bytes.IndexByte(buf[:n], 'B') >= 0:
+			t.Fatalf("old handle read bytes of the new version at %d", off)
+		}
+	}
+	if st, err := old.Stat(); err != nil || st.Size() != oldSize {
+		t.Errorf("fstat of the old handle: %v, %v; want its own size %d", st, err, oldSize)
+	}
+}

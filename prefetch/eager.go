@@ -2,6 +2,7 @@ package prefetch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -95,10 +96,19 @@ func (f *Fetcher) Warm(ctx context.Context, files []*File, mode Mode, p *Progres
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	gone := 0
 	for i, file := range pick {
-		if err := f.pullEager(ctx, file, plans[i], p); err != nil {
+		err := f.pullEager(ctx, file, plans[i], p)
+		if errors.Is(err, ErrForgotten) {
+			gone++
+			continue
+		}
+		if err != nil {
 			return err
 		}
+	}
+	if gone > 0 {
+		return fmt.Errorf("%d of %d files: %w", gone, len(pick), ErrForgotten)
 	}
 	return nil
 }

@@ -123,6 +123,8 @@ type File struct {
 	reader *backend.Reader
 	id     string
 
+	forgotten atomic.Bool // Forget was called: fetch no more ahead of readers
+
 	mu        sync.Mutex
 	streams   streams
 	delivered []uint64 // bitmap of chunks some reader has been served from
@@ -279,9 +281,16 @@ func (f *Fetcher) recentFailure(k cache.Key) error {
 	return fl.err
 }
 
-// Forget drops file's chunks from the cache's window: it will not be read
-// again.
-func (f *Fetcher) Forget(file *File) { f.cache.Drop(file.id) }
+// ErrForgotten ends prefetching for a File that Forget was called on.
+var ErrForgotten = errors.New("the file changed or was removed while it was being prefetched")
+
+// Forget drops file's chunks from the cache's window and stops fetching
+// ahead for it: its object version has left the tree. Readers still
+// holding it fetch what they miss on demand.
+func (f *Fetcher) Forget(file *File) {
+	file.forgotten.Store(true)
+	f.cache.Drop(file.id)
+}
 
 func (file *File) wasDelivered(c int64) bool {
 	file.mu.Lock()
@@ -326,6 +335,12 @@ func (f *Fetcher) pull(ctx context.Context, file *File, chunks []int64, class ca
 	}
 	defer flush()
 	for _, c := range chunks {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if file.forgotten.Load() {
+			return ErrForgotten
+		}
 		if len(run) > 0 && (run[len(run)-1].Key().Index != c-1 || len(run) == per) {
 			flush()
 		}

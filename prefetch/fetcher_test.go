@@ -369,3 +369,37 @@ func TestPlanOfMalformedHeaderIsSequential(t *testing.T) {
 		}
 	}
 }
+
+// A warm whose context has ended, or of a file that Forget was called on,
+// claims and fetches nothing more; the warm reports the forgotten files.
+func TestWarmStopsForCancelAndForget(t *testing.T) {
+	st := newMemStore()
+	f, c := newFetcher(t, st, 64, Config{PartSize: 4 * tcs, Concurrency: 4})
+	a := fileOf(f, "a.bin", st.put("a.bin", pattern(16*tcs, 1)))
+	b := fileOf(f, "b.bin", st.put("b.bin", pattern(16*tcs, 2)))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := f.Warm(ctx, []*File{a, b}, All, new(Progress)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled warm: %v", err)
+	}
+	f.Forget(a)
+	p := new(Progress)
+	err := f.Warm(context.Background(), []*File{a, b}, All, p)
+	if !errors.Is(err, ErrForgotten) {
+		t.Fatalf("warm with a forgotten file: %v, want ErrForgotten", err)
+	}
+	for p.Done.Load() < b.Obj.Size { // the warm returns once b's GETs are started
+		runtime.Gosched()
+	}
+	f.Close()
+	if got, want := st.fetchedBytes(), b.Obj.Size; got != want {
+		t.Errorf("fetched %d bytes, want only b's %d", got, want)
+	}
+	if p.Done.Load() != b.Obj.Size {
+		t.Errorf("progress done %d, want b's %d", p.Done.Load(), b.Obj.Size)
+	}
+	if w := c.WindowBytes(); w > b.Obj.Size {
+		t.Errorf("window holds %d bytes, more than b's %d", w, b.Obj.Size)
+	}
+}
