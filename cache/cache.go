@@ -106,6 +106,10 @@ type Cache struct {
 	budget    int64
 	windowMax int64
 	rc        *ristretto.Cache[string, *Chunk]
+	// rcMu guards rc against Close: ristretto panics on a Set after Close,
+	// and a lazily unmounted file system may still serve reads then.
+	rcMu     sync.RWMutex
+	rcClosed bool
 
 	Stats Stats
 
@@ -195,7 +199,26 @@ func (c *Cache) Released() <-chan struct{} {
 
 // Close drops every cached chunk. Chunks still referenced stay valid until
 // their holders release them.
-func (c *Cache) Close() { c.rc.Close() }
+func (c *Cache) Close() {
+	c.rcMu.Lock()
+	defer c.rcMu.Unlock()
+	if !c.rcClosed {
+		c.rcClosed = true
+		c.rc.Close()
+	}
+}
+
+// ristretto runs fn on rc unless the cache is closed, and reports whether
+// it ran.
+func (c *Cache) ristretto(fn func(rc *ristretto.Cache[string, *Chunk])) bool {
+	c.rcMu.RLock()
+	defer c.rcMu.RUnlock()
+	if c.rcClosed {
+		return false
+	}
+	fn(c.rc)
+	return true
+}
 
 // Get returns the chunk for k, resident or loading, with a reference the
 // caller must Release, or nil.
@@ -207,7 +230,9 @@ func (c *Cache) Get(k Key) *Chunk {
 		return ch
 	}
 	c.mu.Unlock()
-	if ch, ok := c.rc.Get(k.String()); ok && ch.tryRef() {
+	var ch *Chunk
+	c.ristretto(func(rc *ristretto.Cache[string, *Chunk]) { ch, _ = rc.Get(k.String()) })
+	if ch != nil && ch.tryRef() {
 		return ch
 	}
 	return nil
@@ -355,7 +380,9 @@ func (c *Cache) wakeLocked() {
 
 // toRistretto hands the window's reference of a ready chunk to ristretto.
 func (c *Cache) toRistretto(ch *Chunk) {
-	if !c.rc.Set(ch.key.String(), ch, c.chunkSize) {
+	set := false
+	c.ristretto(func(rc *ristretto.Cache[string, *Chunk]) { set = rc.Set(ch.key.String(), ch, c.chunkSize) })
+	if !set {
 		c.Stats.Dropped.Add(1)
 		ch.Release()
 	}
@@ -379,7 +406,7 @@ func (c *Cache) allocBuf() []byte {
 		// Buffers handed to ristretto come back once its processor has
 		// applied the Sets (rejecting or evicting): wait for that rather
 		// than grow past the budget.
-		c.rc.Wait()
+		c.ristretto(func(rc *ristretto.Cache[string, *Chunk]) { rc.Wait() })
 	}
 }
 

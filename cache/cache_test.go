@@ -282,3 +282,30 @@ func TestWaitCanceled(t *testing.T) {
 	}
 	ch.Release()
 }
+
+// After Close (a lazily unmounted file system may still be serving), a
+// chunk can still be claimed, filled, read and served: it is dropped
+// instead of handed to the closed ristretto, and nothing panics.
+func TestUseAfterClose(t *testing.T) {
+	c := newCache(t, 16)
+	c.Close()
+	ch, doFill, err := c.Claim(context.Background(), key(0), Demand, false)
+	if err != nil || !doFill {
+		t.Fatalf("claim after Close: fill %v, %v", doFill, err)
+	}
+	fill(ch, 7)
+	if got := c.Get(key(0)); got == nil || got.Buffer()[0] != 7 {
+		t.Fatalf("the window's chunk after Close: %v", got)
+	} else {
+		got.Release()
+	}
+	ch.Served(0, cs)
+	ch.Release()
+	if c.Get(key(0)) != nil {
+		t.Error("a served chunk is still found after Close")
+	}
+	if d := c.Stats.Dropped.Load(); d != 1 {
+		t.Errorf("Dropped = %d, want 1", d)
+	}
+	c.Close() // twice is fine
+}

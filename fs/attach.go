@@ -29,7 +29,9 @@ func (m *Mount) Attach(name string, src *Source) ([]*prefetch.File, error) {
 	ctx := context.Background()
 	st.top = r.NewPersistentInode(ctx, d, gofs.StableAttr{Mode: fuse.S_IFDIR})
 	r.build(ctx, st)
-	r.AddChild(name, st.top, false)
+	if !r.AddChild(name, st.top, false) { // a re-list of the mount's own source added it meanwhile
+		return nil, fmt.Errorf("%q already exists in the mount", name)
+	}
 	r.NotifyEntry(name) // the kernel may have cached that name as missing
 	r.models[name] = st
 	m.startRefresh(st)

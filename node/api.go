@@ -179,6 +179,11 @@ func (n *Node) handleDownload(w http.ResponseWriter, r *http.Request) {
 		fail(w, http.StatusBadRequest, "download_extra_config needs both ak and sk, or neither")
 		return
 	}
+	if req.Extra.Endpoint != "" && req.Extra.AK == "" {
+		// The mount's own credentials are for its own store only.
+		fail(w, http.StatusBadRequest, "download_extra_config: an endpoint needs its own ak and sk")
+		return
+	}
 	cfg := n.cfg.Store
 	if req.Extra.Endpoint != "" {
 		cfg.Endpoint = req.Extra.Endpoint
@@ -213,23 +218,28 @@ func (n *Node) attach(m *model, loc backend.Location, cfg backend.Config, filter
 		m.fail(err)
 		return
 	}
+	// Under m.mu from the check to the cancel func: a DELETE either comes
+	// first (and the model is never attached) or finds it attached and
+	// warming, with a store and a cancel func to end them.
 	m.mu.Lock()
-	gone := m.gone
-	if !gone {
-		m.store, m.files, m.bytes, m.probe = store, src.Tree.Files, src.Tree.Bytes, firstKey(src.Tree)
-	}
-	m.mu.Unlock()
-	if gone { // deleted while it was being listed
+	if m.gone { // deleted while it was being listed
+		m.mu.Unlock()
 		store.Close()
 		return
 	}
 	files, err := n.mount.Attach(m.name, src)
 	if err != nil {
+		m.mu.Unlock()
+		store.Close()
 		m.fail(err)
 		return
 	}
+	m.store, m.files, m.bytes, m.probe = store, src.Tree.Files, src.Tree.Bytes, firstKey(src.Tree)
+	ctx, cancel := context.WithCancel(n.ctx)
+	m.cancel = cancel
+	m.mu.Unlock()
 	slog.Info("model attached", "model", m.name, "files", src.Tree.Files, "bytes", src.Tree.Bytes)
-	n.warm(m, files)
+	n.pull(ctx, m, files)
 }
 
 func (n *Node) handleList(w http.ResponseWriter, r *http.Request) {

@@ -211,6 +211,11 @@ func (n *Node) warm(m *model, files []*prefetch.File) {
 	m.mu.Lock()
 	m.cancel = cancel
 	m.mu.Unlock()
+	n.pull(ctx, m, files)
+}
+
+// pull pulls m's files in the background until ctx ends.
+func (n *Node) pull(ctx context.Context, m *model, files []*prefetch.File) {
 	go func() {
 		start := time.Now()
 		err := n.fetcher.Warm(ctx, files, n.cfg.Prefetch, &m.progress)

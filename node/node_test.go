@@ -176,7 +176,8 @@ func TestModelAPI(t *testing.T) {
 	}
 	for _, bad := range []string{`{`, `{"model_uri": ""}`, `{"model_uri": "gs://b/m"}`, `{"model_uri": "s3://bkt/m", "model_name": "a/b"}`,
 		`{"model_uri": "s3://bkt/m", "download_extra_config": {"ak": "only-the-key"}}`,
-		`{"model_uri": "s3://bkt/m", "download_extra_config": {"allow_file_suffix": 7}}`} {
+		`{"model_uri": "s3://bkt/m", "download_extra_config": {"allow_file_suffix": 7}}`,
+		`{"model_uri": "s3://bkt/m", "download_extra_config": {"endpoint": "http://elsewhere:9000"}}`} {
 		if code, body := call(t, "POST", n.StatusURL+"/v1/model/download", bad); code != 400 || !strings.Contains(body, `"error"`) {
 			t.Errorf("POST %s: %d %s, want 400 with a JSON error", bad, code, body)
 		}

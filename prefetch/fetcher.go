@@ -67,6 +67,7 @@ type Fetcher struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
+	closed  bool
 	pending map[cache.Key]*ticket // claimed chunks whose GET waits for a slot
 	failed  map[cache.Key]failure // chunks whose fetch failed lately
 }
@@ -110,6 +111,9 @@ func (f *Fetcher) Config() Config { return f.cfg }
 // Close stops all fetches and waits for them. Chunks they were filling
 // fail with context.Canceled.
 func (f *Fetcher) Close() {
+	f.mu.Lock()
+	f.closed = true // no fetch starts after this: wg.Add must not race wg.Wait
+	f.mu.Unlock()
 	f.cancel()
 	f.wg.Wait()
 }
@@ -379,11 +383,19 @@ func (f *Fetcher) pull(ctx context.Context, file *File, chunks []int64, class ca
 func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class, done func(c int64)) {
 	t := newTicket(class)
 	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		for _, ch := range chunks {
+			ch.Fill(0, context.Canceled)
+			ch.Release()
+		}
+		return
+	}
 	for _, ch := range chunks {
 		f.pending[ch.Key()] = t
 	}
-	f.mu.Unlock()
 	f.wg.Add(1)
+	f.mu.Unlock()
 	go func() {
 		defer f.wg.Done()
 		err := f.gate.acquire(f.ctx, t)

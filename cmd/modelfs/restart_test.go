@@ -65,6 +65,16 @@ func TestKillAndRestartOverStaleMount(t *testing.T) {
 		t.Errorf("after the restart: %d modelfs mounts on %s, want 1 (the dead one must be detached, not covered):\n%s",
 			got, mnt, mountinfoLines(t, os.Getpid(), mnt))
 	}
+	// A daemon started while another serves the mount point refuses, and
+	// the running one goes on serving.
+	code, _, stderr := run(t, nil, append([]string{"mount"}, args...)...)
+	if code == 0 || !strings.Contains(stderr, "already served by a running modelfs") {
+		t.Errorf("a second daemon on a live mount: exit %d, stderr %q", code, stderr)
+	}
+	if got := modelfsMounts(t, mnt); got != 1 {
+		t.Errorf("after the refused mount: %d modelfs mounts on %s, want 1", got, mnt)
+	}
+	checkModel(t, mnt)
 
 	if err := second.Stop(5 * time.Second); err != nil {
 		t.Fatalf("exit after SIGTERM: %v\n%s", err, second.Log())
