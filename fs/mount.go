@@ -110,44 +110,17 @@ func liveModelfs(dir string) bool {
 	if err != nil {
 		return false
 	}
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := Mounts(0)
 	if err != nil {
 		return false
 	}
 	fstype := ""
-	for _, line := range strings.Split(string(b), "\n") {
-		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [TAGS...] - FSTYPE SOURCE SUPER
-		f := strings.Fields(line)
-		if len(f) < 5 || unescapeMountinfo(f[4]) != abs {
-			continue
-		}
-		for i := 5; i+1 < len(f); i++ {
-			if f[i] == "-" {
-				fstype = f[i+1] // later lines are mounted on top of earlier ones
-				break
-			}
+	for _, m := range ms {
+		if m.Mountpoint == abs {
+			fstype = m.FSType // later mounts cover earlier ones
 		}
 	}
 	return fstype == "fuse.modelfs"
-}
-
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // MountTree mounts src read-only on dir, reading file contents through f.

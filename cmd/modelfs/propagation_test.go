@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelfs/modelfs/fs"
 	"github.com/modelfs/modelfs/internal/testenv"
 )
 
@@ -275,43 +276,15 @@ func (m mountEntry) String() string { return m.line }
 // mounts reads pid's mount table.
 func mounts(t *testing.T, pid int) []mountEntry {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	ms, err := fs.Mounts(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []mountEntry
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		f := strings.Fields(line)
-		sep := -1
-		for i, x := range f {
-			if x == "-" && i >= 6 {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || len(f) < sep+3 {
-			t.Fatalf("malformed mountinfo line %q", line)
-		}
-		out = append(out, mountEntry{mountpoint: unescapeMountinfo(f[4]), optional: f[6:sep],
-			fstype: f[sep+1], source: unescapeMountinfo(f[sep+2]), line: line})
+	out := make([]mountEntry, len(ms))
+	for i, m := range ms {
+		out[i] = mountEntry{mountpoint: m.Mountpoint, fstype: m.FSType, source: m.Source, optional: m.Optional, line: m.Line}
 	}
 	return out
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // mountsAt is pid's mounts on dir, bottom first.
