@@ -69,6 +69,7 @@ type Fetcher struct {
 	mu      sync.Mutex
 	closed  bool
 	pending map[cache.Key]*ticket // claimed chunks whose GET waits for a slot
+	wanted  map[cache.Key]bool    // loading chunks a reader waits for before their GET is started
 	failed  map[cache.Key]failure // chunks whose fetch failed lately
 }
 
@@ -96,7 +97,7 @@ func New(c *cache.Cache, stats *backend.Stats, cfg Config) *Fetcher {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &Fetcher{cache: c, fetched: stats, gate: newGate(cfg.Concurrency), cfg: cfg,
-		ctx: ctx, cancel: cancel, pending: make(map[cache.Key]*ticket), failed: make(map[cache.Key]failure)}
+		ctx: ctx, cancel: cancel, pending: make(map[cache.Key]*ticket), wanted: make(map[cache.Key]bool), failed: make(map[cache.Key]failure)}
 	f.Stats.Concurrency.Store(int64(cfg.Concurrency))
 	if cfg.Adaptive {
 		f.wg.Add(1)
@@ -225,6 +226,11 @@ func (f *Fetcher) wait(ctx context.Context, ch *cache.Chunk) error {
 	}
 	f.mu.Lock()
 	t := f.pending[ch.Key()]
+	if t == nil && !ch.Ready() {
+		// Claimed by a pull that has not started its GET: it starts it
+		// at Demand (see fetch).
+		f.wanted[ch.Key()] = true
+	}
 	f.mu.Unlock()
 	if t != nil {
 		f.Stats.Promotions.Add(1)
@@ -393,6 +399,13 @@ func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class, do
 	}
 	for _, ch := range chunks {
 		f.pending[ch.Key()] = t
+		if f.wanted[ch.Key()] {
+			delete(f.wanted, ch.Key())
+			if t.class != cache.Demand {
+				t.class = cache.Demand
+				f.Stats.Promotions.Add(1)
+			}
+		}
 	}
 	f.wg.Add(1)
 	f.mu.Unlock()
@@ -427,6 +440,13 @@ func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class, do
 				ch.Fill(0, err)
 			}
 		}
+		// Readers that came after the GET started marked the chunks
+		// wanted: now filled, they need nothing more.
+		f.mu.Lock()
+		for _, ch := range chunks {
+			delete(f.wanted, ch.Key())
+		}
+		f.mu.Unlock()
 		for _, ch := range chunks {
 			ch.Release()
 		}

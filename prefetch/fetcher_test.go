@@ -403,3 +403,43 @@ func TestWarmStopsForCancelAndForget(t *testing.T) {
 		t.Errorf("window holds %d bytes, more than b's %d", w, b.Obj.Size)
 	}
 }
+
+// TestPromoteBeforeAcquire: a ticket promoted before its GET is queued
+// (a reader arrived between the claim and the fetch) queues at the class
+// it was promoted to.
+func TestPromoteBeforeAcquire(t *testing.T) {
+	g := newGate(1)
+	ctx := context.Background()
+	if err := g.acquire(ctx, newTicket(cache.Eager)); err != nil {
+		t.Fatal(err)
+	}
+	early := newTicket(cache.Eager)
+	go g.acquire(ctx, early)
+	for { // until early is queued
+		g.mu.Lock()
+		n := len(g.queue[cache.Eager])
+		g.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		runtime.Gosched()
+	}
+	late := newTicket(cache.Eager)
+	g.promote(late, cache.Readahead)
+	go g.acquire(ctx, late)
+	for { // until late is queued too
+		g.mu.Lock()
+		n := len(g.queue[cache.Readahead]) + len(g.queue[cache.Eager])
+		g.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		runtime.Gosched()
+	}
+	g.release()
+	select {
+	case <-late.granted:
+	case <-early.granted:
+		t.Fatal("the eager ticket queued first went before the one promoted before it queued")
+	}
+}

@@ -26,6 +26,7 @@ type gate struct {
 type ticket struct {
 	class   cache.Class
 	granted chan struct{}
+	started bool // acquire has been called
 	queued  bool
 }
 
@@ -72,6 +73,7 @@ func (g *gate) queuedTotal() int64 {
 // acquire waits for a slot. On error (ctx done) no slot is held.
 func (g *gate) acquire(ctx context.Context, t *ticket) error {
 	g.mu.Lock()
+	t.started = true
 	g.queue[t.class] = append(g.queue[t.class], t)
 	t.queued = true
 	g.admitLocked()
@@ -107,7 +109,14 @@ func (g *gate) release() {
 func (g *gate) promote(t *ticket, c cache.Class) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !t.queued || t.class <= c {
+	if t.class <= c {
+		return
+	}
+	if !t.started { // not queued yet: acquire will queue it at c
+		t.class = c
+		return
+	}
+	if !t.queued { // already granted
 		return
 	}
 	g.removeLocked(t)
