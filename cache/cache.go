@@ -462,6 +462,7 @@ type Chunk struct {
 	dropped  bool     // leave the window when filled
 	served   []uint64 // bitmap of served pages
 	unserved int
+	complete bool // every page has been served
 }
 
 // Key is the chunk's key.
@@ -534,7 +535,9 @@ func (ch *Chunk) Data() []byte { return ch.buf[:ch.n] }
 // first serve makes the chunk Demand class, so that readahead for other
 // streams cannot take it from a reader in mid-chunk; once every page has
 // been served the chunk leaves the window for ristretto.
-func (ch *Chunk) Served(from, to int) {
+//
+// It reports whether every page of the chunk has now been served.
+func (ch *Chunk) Served(from, to int) (complete bool) {
 	c := ch.cache
 	first := (from + PageSize - 1) / PageSize
 	last := to / PageSize // exclusive
@@ -543,8 +546,9 @@ func (ch *Chunk) Served(from, to int) {
 	}
 	c.mu.Lock()
 	if !ch.inWindow || ch.loading {
+		complete = ch.complete
 		c.mu.Unlock()
-		return
+		return complete
 	}
 	ch.class = Demand
 	for p := first; p < last; p++ {
@@ -556,12 +560,14 @@ func (ch *Chunk) Served(from, to int) {
 	}
 	done := ch.unserved == 0
 	if done {
+		ch.complete = true
 		c.removeLocked(ch)
 	}
 	c.mu.Unlock()
 	if done {
 		c.toRistretto(ch)
 	}
+	return done
 }
 
 // ServedPages counts the pages served so far.

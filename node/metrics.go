@@ -60,7 +60,7 @@ var metrics = []metric{
 }
 
 var (
-	fetches    = prometheus.NewDesc("modelfs_fetches_total", "GETs started, by why: a reader's miss (demand), stream readahead, or the eager pull (prefetch).", []string{"class"}, nil)
+	fetches    = prometheus.NewDesc("modelfs_fetches_total", "GETs started, by why: a reader's miss (demand), stream readahead, the eager pull (prefetch), or a reader asking again for bytes the kernel dropped (reread).", []string{"class"}, nil)
 	modelDone  = prometheus.NewDesc("modelfs_model_prefetch_bytes_done", "Bytes of a model's pull fetched or already read.", []string{"model"}, nil)
 	modelTotal = prometheus.NewDesc("modelfs_model_prefetch_bytes_total", "Bytes a model's pull covers.", []string{"model"}, nil)
 	modelState = prometheus.NewDesc("modelfs_model_status", "1 for the model's current status.", []string{"model", "status"}, nil)
@@ -82,7 +82,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(n))
 	}
 	f := &n.fetcher.Stats
-	for class, v := range map[string]int64{"demand": f.DemandFetches.Load(), "readahead": f.ReadaheadFetches.Load(), "prefetch": f.EagerFetches.Load()} {
+	for class, v := range map[string]int64{"demand": f.DemandFetches.Load(), "readahead": f.ReadaheadFetches.Load(), "prefetch": f.EagerFetches.Load(), "reread": f.Rereads.Load()} {
 		ch <- prometheus.MustNewConstMetric(fetches, prometheus.CounterValue, float64(v), class)
 	}
 	for _, st := range n.Models() {

@@ -288,6 +288,7 @@ func (n *Node) Totals() []any {
 		"readahead_fetches", f.ReadaheadFetches.Load(),
 		"eager_fetches", f.EagerFetches.Load(),
 		"promotions", f.Promotions.Load(),
+		"rereads", f.Rereads.Load(),
 		"cache_hits", c.Hits.Load(),
 		"cache_misses", c.Misses.Load(),
 		"window_waits", c.Waits.Load(),

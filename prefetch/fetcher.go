@@ -48,6 +48,7 @@ type Stats struct {
 	ReadaheadFetches atomic.Int64 // GETs started by stream readahead
 	EagerFetches     atomic.Int64 // GETs started by eager pulls
 	Promotions       atomic.Int64 // queued fetches a reader was waiting on
+	Rereads          atomic.Int64 // GETs of just the bytes a reader asked again (see reread)
 	BytesServed      atomic.Int64 // bytes delivered to readers
 	Concurrency      atomic.Int64 // the gate's current limit
 }
@@ -132,7 +133,8 @@ type File struct {
 
 	mu        sync.Mutex
 	streams   streams
-	delivered []uint64 // bitmap of chunks some reader has been served from
+	delivered bitmap // chunks some reader has been served from
+	complete  bitmap // chunks every byte of which has reached readers
 }
 
 // File returns the fetch state for obj, read through r and shown to
@@ -155,12 +157,18 @@ func (f *Fetcher) lastChunk(file *File) int64 {
 
 // Span is the part [From, To) of a chunk's data that answers a read.
 type Span struct {
-	Chunk    *cache.Chunk
+	Chunk    *cache.Chunk // nil for a reread: data holds the bytes
 	From, To int
+	data     []byte
 }
 
 // Bytes is the span's data.
-func (s Span) Bytes() []byte { return s.Chunk.Data()[s.From:s.To] }
+func (s Span) Bytes() []byte {
+	if s.Chunk == nil {
+		return s.data[s.From:s.To]
+	}
+	return s.Chunk.Data()[s.From:s.To]
+}
 
 // Read returns the chunks holding bytes [off, off+n) of file, clamped at
 // EOF, fetching what is missing, and starts readahead when the read
@@ -168,6 +176,9 @@ func (s Span) Bytes() []byte { return s.Chunk.Data()[s.From:s.To] }
 // them to Delivered once the bytes have reached the reader, or to Release.
 // ctx ends the wait, never a fetch other readers may share.
 func (f *Fetcher) Read(ctx context.Context, file *File, off int64, n int) ([]Span, error) {
+	if spans, ok, err := f.reread(ctx, file, off, n); ok {
+		return spans, err
+	}
 	spans, err := f.claim(ctx, file, off, n)
 	if err != nil || len(spans) == 0 {
 		return spans, err
@@ -187,6 +198,46 @@ func (f *Fetcher) Read(ctx context.Context, file *File, off int64, n int) ([]Spa
 		}
 	}
 	return spans, nil
+}
+
+// reread serves a read of bytes the kernel was given before and has since
+// dropped from its page cache (memory pressure, proactive reclaim): when
+// every byte of the range's chunks reached readers and none of the chunks
+// is cached any more, it
+// fetches just the bytes asked, into a buffer of their own, instead of
+// whole chunks of which the kernel still holds the rest. ok is false when
+// the read is not such a read.
+func (f *Fetcher) reread(ctx context.Context, file *File, off int64, n int) (spans []Span, ok bool, err error) {
+	end := min(off+int64(n), file.Obj.Size)
+	if off < 0 || off >= end {
+		return nil, false, nil
+	}
+	cs := f.cache.ChunkSize()
+	for c := off / cs; c*cs < end; c++ {
+		if !file.has(&file.complete, c) {
+			return nil, false, nil
+		}
+		if err := f.recentFailure(f.key(file, c)); err != nil {
+			return nil, true, err
+		}
+		if ch := f.cache.Get(f.key(file, c)); ch != nil {
+			ch.Release()
+			return nil, false, nil
+		}
+	}
+	buf := make([]byte, end-off)
+	f.Stats.Rereads.Add(1)
+	if err := file.reader.ReadAt(ctx, file.Obj, buf, off); err != nil {
+		if ctx.Err() == nil {
+			var keys []cache.Key
+			for c := off / cs; c*cs < end; c++ {
+				keys = append(keys, f.key(file, c))
+			}
+			f.remember(keys, err)
+		}
+		return nil, true, fmt.Errorf("reread %s: %w", file.Name, err)
+	}
+	return []Span{{From: 0, To: len(buf), data: buf}}, true, nil
 }
 
 // claim claims the chunks for [off, off+n) for a reader, starting a GET for
@@ -241,25 +292,45 @@ func (f *Fetcher) wait(ctx context.Context, ch *cache.Chunk) error {
 
 // Delivered records that spans reached a reader and releases them.
 func (f *Fetcher) Delivered(file *File, spans []Span) {
-	file.mu.Lock()
-	for _, s := range spans {
-		c := s.Chunk.Key().Index
-		for int64(len(file.delivered)) <= c/64 {
-			file.delivered = append(file.delivered, 0)
-		}
-		file.delivered[c/64] |= 1 << (c % 64)
-	}
-	file.mu.Unlock()
 	for _, s := range spans {
 		f.Stats.BytesServed.Add(int64(s.To - s.From))
-		s.Chunk.Served(s.From, s.To)
+		if s.Chunk == nil {
+			continue // a reread: its chunks are marked already
+		}
+		c := s.Chunk.Key().Index
+		complete := s.Chunk.Served(s.From, s.To)
 		s.Chunk.Release()
+		file.mu.Lock()
+		file.delivered.set(c)
+		if complete {
+			file.complete.set(c)
+		}
+		file.mu.Unlock()
 	}
+}
+
+// bitmap is a set of chunk indexes.
+type bitmap []uint64
+
+func (b *bitmap) set(c int64) {
+	for int64(len(*b)) <= c/64 {
+		*b = append(*b, 0)
+	}
+	(*b)[c/64] |= 1 << (c % 64)
+}
+
+func (b bitmap) has(c int64) bool { return c/64 < int64(len(b)) && b[c/64]&(1<<(c%64)) != 0 }
+
+// has reports whether chunk c is in one of file's bitmaps.
+func (file *File) has(b *bitmap, c int64) bool {
+	file.mu.Lock()
+	defer file.mu.Unlock()
+	return b.has(c)
 }
 
 // remember records chunks whose fetch failed, unless the fetcher is
 // closing.
-func (f *Fetcher) remember(chunks []*cache.Chunk, err error) {
+func (f *Fetcher) remember(keys []cache.Key, err error) {
 	if f.ctx.Err() != nil {
 		return
 	}
@@ -271,8 +342,8 @@ func (f *Fetcher) remember(chunks []*cache.Chunk, err error) {
 			delete(f.failed, k)
 		}
 	}
-	for _, ch := range chunks {
-		f.failed[ch.Key()] = failure{err: err, until: now.Add(failMemory)}
+	for _, k := range keys {
+		f.failed[k] = failure{err: err, until: now.Add(failMemory)}
 	}
 }
 
@@ -302,16 +373,12 @@ func (f *Fetcher) Forget(file *File) {
 	f.cache.Drop(file.id)
 }
 
-func (file *File) wasDelivered(c int64) bool {
-	file.mu.Lock()
-	defer file.mu.Unlock()
-	return c/64 < int64(len(file.delivered)) && file.delivered[c/64]&(1<<(c%64)) != 0
-}
-
 // Release drops the references of spans that will not be delivered.
 func Release(spans []Span) {
 	for _, s := range spans {
-		s.Chunk.Release()
+		if s.Chunk != nil {
+			s.Chunk.Release()
+		}
 	}
 }
 
@@ -354,7 +421,7 @@ func (f *Fetcher) pull(ctx context.Context, file *File, chunks []int64, class ca
 		if len(run) > 0 && (run[len(run)-1].Key().Index != c-1 || len(run) == per) {
 			flush()
 		}
-		if file.wasDelivered(c) {
+		if file.has(&file.delivered, c) {
 			if done != nil {
 				done(c)
 			}
@@ -435,7 +502,11 @@ func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class, do
 		}
 		if filled < len(chunks) {
 			err = fmt.Errorf("fetch %s: %w", file.Name, err)
-			f.remember(chunks[filled:], err)
+			keys := make([]cache.Key, 0, len(chunks)-filled)
+			for _, ch := range chunks[filled:] {
+				keys = append(keys, ch.Key())
+			}
+			f.remember(keys, err)
 			for _, ch := range chunks[filled:] {
 				ch.Fill(0, err)
 			}

@@ -443,3 +443,40 @@ func TestPromoteBeforeAcquire(t *testing.T) {
 		t.Fatal("the eager ticket queued first went before the one promoted before it queued")
 	}
 }
+
+// TestRereadFetchesOnlyTheBytesAsked: once every byte of a chunk has
+// reached readers and the chunk has left the cache, a reader asking again
+// (the kernel dropped those pages) gets just the bytes it asks for, fetched
+// on their own, not the whole chunk again.
+func TestRereadFetchesOnlyTheBytesAsked(t *testing.T) {
+	st := newMemStore()
+	f, c := newFetcher(t, st, 16, Config{PartSize: 4 * tcs, Concurrency: 4})
+	data := pattern(80*tcs, 9)
+	file := fileOf(f, "w.bin", st.put("w.bin", data))
+	readAll(t, f, file, data, 32<<10)
+	// Chunk 3 was served whole long ago: 16 chunks of cache cannot hold it.
+	if ch := c.Get(f.key(file, 3)); ch != nil {
+		ch.Release()
+		t.Fatal("chunk 3 is still cached; the cache holds more than this test assumes")
+	}
+	before, rereads := st.fetchedBytes(), f.Stats.Rereads.Load()
+	const off, n = 3*tcs + 1000, 8192 // inside chunk 3
+	spans, err := f.Read(context.Background(), file, off, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	for _, s := range spans {
+		got = append(got, s.Bytes()...)
+	}
+	f.Delivered(file, spans)
+	if !bytes.Equal(got, data[off:off+n]) {
+		t.Fatal("reread returned the wrong bytes")
+	}
+	if d := st.fetchedBytes() - before; d != n {
+		t.Errorf("reread of %d bytes fetched %d", n, d)
+	}
+	if f.Stats.Rereads.Load() != rereads+1 {
+		t.Errorf("Rereads %d, want %d", f.Stats.Rereads.Load(), rereads+1)
+	}
+}
