@@ -76,18 +76,38 @@ func (n *Node) handleReady(w http.ResponseWriter, r *http.Request) {
 
 // mountAlive asks the mount for its root's attributes, bypassing the
 // kernel's cache: a wedged server fails the check instead of passing it.
+// While a wedged mount keeps a check blocked, later checks wait on that
+// one instead of blocking a goroutine each.
 func (n *Node) mountAlive() error {
-	done := make(chan error, 1)
-	go func() { done <- n.mount.Alive() }()
+	n.mu.Lock()
+	p := n.alive
+	if p == nil {
+		p = &probe{done: make(chan struct{})}
+		n.alive = p
+		go func() {
+			p.err = n.mount.Alive()
+			n.mu.Lock()
+			n.alive = nil
+			n.mu.Unlock()
+			close(p.done)
+		}()
+	}
+	n.mu.Unlock()
 	select {
-	case err := <-done:
-		if err != nil {
-			return fmt.Errorf("mount %s: %v", n.cfg.Mountpoint, err)
+	case <-p.done:
+		if p.err != nil {
+			return fmt.Errorf("mount %s: %v", n.cfg.Mountpoint, p.err)
 		}
 		return nil
 	case <-time.After(2 * time.Second):
 		return fmt.Errorf("mount %s does not answer", n.cfg.Mountpoint)
 	}
+}
+
+// probe is one check of the mount: err is set before done is closed.
+type probe struct {
+	done chan struct{}
+	err  error
 }
 
 // storesReachable asks each model's store about one of its objects; any

@@ -68,6 +68,7 @@ type Node struct {
 
 	mu     sync.Mutex
 	models map[string]*model
+	alive  *probe // the mount check in flight, if any
 }
 
 // unknownModelBytes sizes the network profile when the mount starts without

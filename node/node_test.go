@@ -174,6 +174,18 @@ func TestModelAPI(t *testing.T) {
 			t.Errorf("%s: %d %s", path, code, body)
 		}
 	}
+	// Concurrent readiness checks share one probe of the mount.
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if code, body := call(t, "GET", n.StatusURL+"/readyz", ""); code != 200 {
+				t.Errorf("concurrent /readyz: %d %s", code, body)
+			}
+		}()
+	}
+	wg.Wait()
 	for _, bad := range []string{`{`, `{"model_uri": ""}`, `{"model_uri": "gs://b/m"}`, `{"model_uri": "s3://bkt/m", "model_name": "a/b"}`,
 		`{"model_uri": "s3://bkt/m", "download_extra_config": {"ak": "only-the-key"}}`,
 		`{"model_uri": "s3://bkt/m", "download_extra_config": {"allow_file_suffix": 7}}`,
