@@ -297,15 +297,19 @@ func (f *Fetcher) Delivered(file *File, spans []Span) {
 		if s.Chunk == nil {
 			continue // a reread: its chunks are marked already
 		}
+		// Marked delivered before Served can hand the chunk to ristretto
+		// (which may drop it): a pull that misses it then knows a reader
+		// has it and does not fetch it again.
 		c := s.Chunk.Key().Index
-		complete := s.Chunk.Served(s.From, s.To)
-		s.Chunk.Release()
 		file.mu.Lock()
 		file.delivered.set(c)
-		if complete {
-			file.complete.set(c)
-		}
 		file.mu.Unlock()
+		if s.Chunk.Served(s.From, s.To) {
+			file.mu.Lock()
+			file.complete.set(c)
+			file.mu.Unlock()
+		}
+		s.Chunk.Release()
 	}
 }
 
