@@ -38,14 +38,18 @@ func (r *root) refresh(ctx context.Context, st *subtree) (Changes, error) {
 }
 
 // startRefresh starts st's re-list loop (when the mount has a TTL); st.stop
-// ends it.
+// ends it and waits for a re-list under way to finish, so that nothing
+// changes st's inodes afterwards.
 func (m *Mount) startRefresh(st *subtree) {
-	ctx, stop := context.WithCancel(context.Background())
-	st.stop = stop
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	st.stop = func() { cancel(); <-done }
 	if m.ttl <= 0 || st.src.Relist == nil {
+		close(done)
 		return
 	}
 	go func() {
+		defer close(done)
 		t := time.NewTicker(m.ttl)
 		defer t.Stop()
 		for {
