@@ -203,10 +203,9 @@ func (f *Fetcher) Read(ctx context.Context, file *File, off int64, n int) ([]Spa
 // reread serves a read of bytes the kernel was given before and has since
 // dropped from its page cache (memory pressure, proactive reclaim): when
 // every byte of the range's chunks reached readers and none of the chunks
-// is cached any more, it
-// fetches just the bytes asked, into a buffer of their own, instead of
-// whole chunks of which the kernel still holds the rest. ok is false when
-// the read is not such a read.
+// is cached any more, it fetches just the bytes asked, into a buffer of
+// their own, instead of whole chunks of which the kernel still holds the
+// rest. ok is false when the read is not such a read.
 func (f *Fetcher) reread(ctx context.Context, file *File, off int64, n int) (spans []Span, ok bool, err error) {
 	end := min(off+int64(n), file.Obj.Size)
 	if off < 0 || off >= end {
