@@ -45,23 +45,10 @@ func TestMain(m *testing.M) {
 		json.NewEncoder(os.Stdout).Encode(total)
 		os.Exit(0)
 	}
-	if os.Geteuid() != 0 {
-		fmt.Println("fs tests mount FUSE file systems and need root; skipping")
-		os.Exit(0)
-	}
-	dir, err := os.MkdirTemp("", "modelfs-fs-test-")
-	if err != nil {
-		panic(err)
-	}
-	srv, err = testenv.StartS3(dir + "/s3")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	srv.Stop()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.MainWithS3("fs", func(s *testenv.S3Server, _ string) error {
+		srv = s
+		return nil
+	}, m.Run))
 }
 
 var buckets atomic.Int64

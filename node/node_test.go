@@ -31,23 +31,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("node tests mount FUSE file systems and need root; skipping")
-		os.Exit(0)
-	}
-	dir, err := os.MkdirTemp("", "modelfs-node-test-")
-	if err != nil {
-		panic(err)
-	}
-	srv, err = testenv.StartS3(dir + "/s3")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	srv.Stop()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testenv.MainWithS3("node", func(s *testenv.S3Server, _ string) error {
+		srv = s
+		return nil
+	}, m.Run))
 }
 
 // logs captures what the node logs, to check that no secret appears.

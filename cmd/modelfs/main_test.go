@@ -54,32 +54,16 @@ func TestMain(m *testing.M) {
 		fmt.Println(total)
 		os.Exit(0)
 	}
-	if os.Geteuid() != 0 {
-		fmt.Println("cmd tests mount FUSE file systems and need root; skipping")
-		os.Exit(0)
-	}
-	dir, err := os.MkdirTemp("", "modelfs-cmd-test-")
-	if err != nil {
-		panic(err)
-	}
-	code := func() int {
-		defer os.RemoveAll(dir)
+	os.Exit(testenv.MainWithS3("cmd", func(s *testenv.S3Server, dir string) error {
+		srv = s
 		bin = filepath.Join(dir, "modelfs")
 		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "build modelfs: %v\n%s", err, out)
-			return 1
+			return fmt.Errorf("build modelfs: %v\n%s", err, out)
 		}
 		os.Setenv("MODELFS_BIN", bin)
-		srv, err = testenv.StartS3(filepath.Join(dir, "s3"))
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer srv.Stop()
 		ctx := context.Background()
 		if err := srv.CreateBucket(ctx, bucket); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
 		for key, data := range map[string]string{
 			"model/config.json":         `{"a": 1}`,
@@ -87,13 +71,11 @@ func TestMain(m *testing.M) {
 			"model/sub/tokenizer.json":  `{}`,
 		} {
 			if err := srv.Put(ctx, bucket, key, []byte(data)); err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return 1
+				return err
 			}
 		}
-		return m.Run()
-	}()
-	os.Exit(code)
+		return nil
+	}, m.Run))
 }
 
 // run runs the binary with the test server's credentials plus extra

@@ -177,3 +177,31 @@ func TrimETag(e string) string { return strings.Trim(e, `"`) }
 
 // Pid is the server's process id.
 func (s *S3Server) Pid() int { return s.cmd.Process.Pid }
+
+// MainWithS3 is the body of a TestMain for tests that mount FUSE file
+// systems against versitygw: it skips them unless run as root, starts the
+// server in a temporary directory, runs setup (for the package's globals
+// and fixtures) and then run (m.Run), cleans up, and returns the exit code.
+func MainWithS3(pkg string, setup func(srv *S3Server, dir string) error, run func() int) int {
+	if os.Geteuid() != 0 {
+		fmt.Printf("%s tests mount FUSE file systems and need root; skipping\n", pkg)
+		return 0
+	}
+	dir, err := os.MkdirTemp("", "modelfs-"+pkg+"-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	srv, err := StartS3(filepath.Join(dir, "s3"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer srv.Stop()
+	if err := setup(srv, dir); err != nil {
+		fmt.Fprintf(os.Stderr, "%s tests: %v\n", pkg, err)
+		return 1
+	}
+	return run()
+}
