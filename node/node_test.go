@@ -193,15 +193,7 @@ func TestModelAPI(t *testing.T) {
 	if code, _ := call(t, "POST", n.StatusURL+"/v1/model/download", req); code != 409 {
 		t.Errorf("attaching the same name twice: %d, want 409", code)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	var st node.ModelStatus
-	for {
-		st = models(t, n)["llama-7b"]
-		if st.Status != node.StatusDownloading || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond) // polling the API, as a client does
-	}
+	st := settled(t, n, "llama-7b")
 	if st.Status != node.StatusDownloaded || st.BytesDone != st.BytesTotal || st.Files != 3 {
 		t.Fatalf("model status %+v, want downloaded with 3 files", st)
 	}
@@ -258,15 +250,7 @@ func TestModelAPIFailure(t *testing.T) {
 	if code, body := call(t, "POST", n.StatusURL+"/v1/model/download", req); code != 200 {
 		t.Fatalf("POST: %d %s", code, body)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	var st node.ModelStatus
-	for {
-		st = models(t, n)["m"]
-		if st.Status != node.StatusDownloading || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond) // polling the API, as a client does
-	}
+	st := settled(t, n, "m")
 	if st.Status != node.StatusFailed || st.Error == "" {
 		t.Fatalf("status %+v, want failed with an error", st)
 	}
@@ -275,5 +259,19 @@ func TestModelAPIFailure(t *testing.T) {
 	}
 	if code, _ := call(t, "GET", n.StatusURL+"/readyz", ""); code != 200 {
 		t.Errorf("readyz after a failed attach: %d", code)
+	}
+}
+
+// settled polls the model list, as a client does, until the model is no
+// longer downloading (or 30 s pass), and returns its status.
+func settled(t *testing.T, n *node.Node, name string) node.ModelStatus {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st := models(t, n)[name]
+		if st.Status != node.StatusDownloading || time.Now().After(deadline) {
+			return st
+		}
+		time.Sleep(50 * time.Millisecond) // polling the API
 	}
 }
