@@ -186,15 +186,7 @@ func TestGatePriorityAndReserve(t *testing.T) {
 		}(tk)
 	}
 	// Wait until all three are queued.
-	for {
-		g.mu.Lock()
-		n := len(g.queue[cache.Readahead]) + len(g.queue[cache.Eager])
-		g.mu.Unlock()
-		if n == 3 {
-			break
-		}
-		runtime.Gosched()
-	}
+	waitQueued(g, 3, cache.Readahead, cache.Eager)
 	// A demand fetch does not queue behind them: it takes the reserve.
 	d := newTicket(cache.Demand)
 	if err := g.acquire(ctx, d); err != nil {
@@ -224,16 +216,8 @@ func TestDemandGoesFirst(t *testing.T) {
 	fa, fb := fileOf(f, "a", a), fileOf(f, "b", b)
 	warmDone := make(chan error, 1)
 	go func() { warmDone <- f.Warm(context.Background(), []*File{fa}, All, new(Progress)) }()
-	<-st.started // the first eager GET holds the slot
-	for {        // until more eager GETs queue behind it
-		f.gate.mu.Lock()
-		n := len(f.gate.queue[cache.Eager])
-		f.gate.mu.Unlock()
-		if n >= 3 {
-			break
-		}
-		runtime.Gosched()
-	}
+	<-st.started                       // the first eager GET holds the slot
+	waitQueued(f.gate, 3, cache.Eager) // until more eager GETs queue behind it
 	readDone := make(chan error, 1)
 	go func() {
 		spans, err := f.Read(context.Background(), fb, 0, 100)
@@ -242,15 +226,7 @@ func TestDemandGoesFirst(t *testing.T) {
 		}
 		readDone <- err
 	}()
-	for {
-		f.gate.mu.Lock()
-		n := len(f.gate.queue[cache.Demand])
-		f.gate.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		runtime.Gosched()
-	}
+	waitQueued(f.gate, 1, cache.Demand)
 	st.release <- struct{}{} // finish the first eager GET
 	if g := <-st.started; g.key != "b" {
 		t.Errorf("after the running GET, the gate started %+v, want the demand read of b", g)
@@ -415,27 +391,11 @@ func TestPromoteBeforeAcquire(t *testing.T) {
 	}
 	early := newTicket(cache.Eager)
 	go g.acquire(ctx, early)
-	for { // until early is queued
-		g.mu.Lock()
-		n := len(g.queue[cache.Eager])
-		g.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		runtime.Gosched()
-	}
+	waitQueued(g, 1, cache.Eager) // until early is queued
 	late := newTicket(cache.Eager)
 	g.promote(late, cache.Readahead)
 	go g.acquire(ctx, late)
-	for { // until late is queued too
-		g.mu.Lock()
-		n := len(g.queue[cache.Readahead]) + len(g.queue[cache.Eager])
-		g.mu.Unlock()
-		if n == 2 {
-			break
-		}
-		runtime.Gosched()
-	}
+	waitQueued(g, 2, cache.Readahead, cache.Eager) // until late is queued too
 	g.release()
 	select {
 	case <-late.granted:
@@ -478,5 +438,21 @@ func TestRereadFetchesOnlyTheBytesAsked(t *testing.T) {
 	}
 	if f.Stats.Rereads.Load() != rereads+1 {
 		t.Errorf("Rereads %d, want %d", f.Stats.Rereads.Load(), rereads+1)
+	}
+}
+
+// waitQueued waits until at least n tickets of the classes wait in g.
+func waitQueued(g *gate, n int, classes ...cache.Class) {
+	for {
+		g.mu.Lock()
+		q := 0
+		for _, c := range classes {
+			q += len(g.queue[c])
+		}
+		g.mu.Unlock()
+		if q >= n {
+			return
+		}
+		runtime.Gosched()
 	}
 }
