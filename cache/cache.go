@@ -439,9 +439,7 @@ func mapBuf(n int) []byte {
 }
 
 func unmapBuf(b []byte) {
-	if unix.Munmap(b) != nil {
-		return // a heap buffer: the collector takes it
-	}
+	unix.Munmap(b) // fails for a heap buffer, which the collector takes
 }
 
 // Chunk is one cached chunk. See the package comment for its life cycle.
@@ -462,7 +460,6 @@ type Chunk struct {
 	dropped  bool     // leave the window when filled
 	served   []uint64 // bitmap of served pages
 	unserved int
-	complete bool // every page has been served
 }
 
 // Key is the chunk's key.
@@ -546,7 +543,8 @@ func (ch *Chunk) Served(from, to int) (complete bool) {
 	}
 	c.mu.Lock()
 	if !ch.inWindow || ch.loading {
-		complete = ch.complete
+		// Filled, and served whole before (n is read only once filled).
+		complete = !ch.loading && ch.err == nil && ch.n > 0 && ch.unserved == 0
 		c.mu.Unlock()
 		return complete
 	}
@@ -560,7 +558,6 @@ func (ch *Chunk) Served(from, to int) (complete bool) {
 	}
 	done := ch.unserved == 0
 	if done {
-		ch.complete = true
 		c.removeLocked(ch)
 	}
 	c.mu.Unlock()
