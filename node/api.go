@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -113,13 +112,7 @@ type probe struct {
 // storesReachable asks each model's store about one of its objects; any
 // answer, even "not found", shows the store is reachable.
 func (n *Node) storesReachable(ctx context.Context) error {
-	n.mu.Lock()
-	ms := make([]*model, 0, len(n.models))
-	for _, m := range n.models {
-		ms = append(ms, m)
-	}
-	n.mu.Unlock()
-	for _, m := range ms {
+	for _, m := range n.modelList() {
 		m.mu.Lock()
 		store, key := m.store, m.probe
 		m.mu.Unlock()
@@ -303,10 +296,9 @@ func (n *Node) handleDelete(w http.ResponseWriter, r *http.Request) {
 // firstKey is an object of t, for reachability probes.
 func firstKey(t *fs.Tree) string {
 	var key string
-	var once sync.Once
 	fs.Walk(t.Root, func(p string, e *fs.Entry) {
-		if !e.IsDir() {
-			once.Do(func() { key = e.Obj.Key })
+		if key == "" && !e.IsDir() {
+			key = e.Obj.Key
 		}
 	})
 	return key

@@ -307,18 +307,25 @@ func (n *Node) Totals() []any {
 
 // Models lists the models by name.
 func (n *Node) Models() []ModelStatus {
-	n.mu.Lock()
-	ms := make([]*model, 0, len(n.models))
-	for _, m := range n.models {
-		ms = append(ms, m)
-	}
-	n.mu.Unlock()
+	ms := n.modelList()
 	out := make([]ModelStatus, 0, len(ms))
 	for _, m := range ms {
 		out = append(out, m.status(n.cache.WindowMax()))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// modelList is the models now in the table, to visit without holding
+// n.mu.
+func (n *Node) modelList() []*model {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ms := make([]*model, 0, len(n.models))
+	for _, m := range n.models {
+		ms = append(ms, m)
+	}
+	return ms
 }
 
 // Explain turns a store error into a message that names the cause.
