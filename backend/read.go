@@ -100,7 +100,7 @@ func (r *Reader) ReadVec(ctx context.Context, obj Object, off int64, bufs [][]by
 	for attempt := 0; attempt < attempts; attempt++ {
 		if attempt > 0 {
 			r.Stats.Retries.Add(1)
-			if werr := r.backoff(ctx, attempt); werr != nil {
+			if werr := r.Policy.backoff(ctx, attempt); werr != nil {
 				return werr
 			}
 		}
@@ -147,10 +147,11 @@ func (v *vec) advance(n int) {
 	}
 }
 
-func (r *Reader) backoff(ctx context.Context, attempt int) error {
-	d := r.Policy.BackoffBase << min(attempt-1, 16)
-	if d > r.Policy.BackoffMax || d <= 0 {
-		d = r.Policy.BackoffMax
+// backoff waits before retry number attempt (from 1), or until ctx ends.
+func (p Policy) backoff(ctx context.Context, attempt int) error {
+	d := p.BackoffBase << min(attempt-1, 16)
+	if d > p.BackoffMax || d <= 0 {
+		d = p.BackoffMax
 	}
 	if d <= 0 {
 		return ctx.Err()

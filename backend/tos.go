@@ -5,13 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/volcengine/ve-tos-golang-sdk/v2/tos"
 )
@@ -254,18 +252,13 @@ func (e *causeError) Unwrap() []error { return []error{e.err, e.cause} }
 
 // retryMeta runs a listing page or HEAD up to three times while it fails
 // with a transient error, as the S3 SDK does for those calls: one 503 must
-// not fail a mount or a health check. GETs retry in Reader instead.
+// not fail a mount or a health check. It waits as Reader does between
+// attempts, with the default policy; GETs retry in Reader.
 func retryMeta(ctx context.Context, call func() error) error {
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
-		if attempt > 0 {
-			t := time.NewTimer(time.Duration(rand.Int64N(int64(100*time.Millisecond) << attempt)))
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return err
-			}
+		if attempt > 0 && DefaultPolicy.backoff(ctx, attempt) != nil {
+			return err
 		}
 		if err = call(); err == nil || Permanent(err) || ctx.Err() != nil {
 			return err
