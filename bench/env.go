@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/modelfs/modelfs/backend"
+	"github.com/modelfs/modelfs/fs"
 	"github.com/modelfs/modelfs/internal/safetensors"
 	"github.com/modelfs/modelfs/internal/testenv"
 )
@@ -237,19 +238,7 @@ func freeBytes(dir string) int64 {
 }
 
 // mounted reports whether dir is a mount point, from /proc/self/mountinfo.
-func mounted(dir string) bool {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && f[4] == dir {
-			return true
-		}
-	}
-	return false
-}
+func mounted(dir string) bool { return len(fs.MountsOn(dir)) > 0 }
 
 // tosTarget starts the TOS protocol server in this process and seeds it
 // with m's files. Stop the server when done: it holds them in RAM.

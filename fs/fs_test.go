@@ -352,18 +352,11 @@ func TestMountSettings(t *testing.T) {
 
 // mountOptions returns the per-mount options of dir from mountinfo.
 func mountOptions(t *testing.T, dir string) string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
+	ms := fs.MountsOn(dir)
+	if len(ms) == 0 {
+		t.Fatalf("%s not in mountinfo", dir)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 5 && f[4] == dir {
-			return f[5]
-		}
-	}
-	t.Fatalf("%s not in mountinfo", dir)
-	return ""
+	return ms[len(ms)-1].Options
 }
 
 // listing is a store that only lists, for key sets a POSIX-backed server

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -106,21 +105,8 @@ func CheckMountpoint(dir string) error {
 // liveModelfs reports whether the topmost mount on dir is a modelfs mount
 // (which, having passed the stale check, answers).
 func liveModelfs(dir string) bool {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return false
-	}
-	ms, err := Mounts(0)
-	if err != nil {
-		return false
-	}
-	fstype := ""
-	for _, m := range ms {
-		if m.Mountpoint == abs {
-			fstype = m.FSType // later mounts cover earlier ones
-		}
-	}
-	return fstype == "fuse.modelfs"
+	ms := MountsOn(dir)
+	return len(ms) > 0 && ms[len(ms)-1].FSType == "fuse.modelfs"
 }
 
 // MountTree mounts src read-only on dir, reading file contents through f.

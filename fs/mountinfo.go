@@ -3,6 +3,7 @@ package fs
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -10,6 +11,7 @@ import (
 // MountInfo is one line of /proc/PID/mountinfo.
 type MountInfo struct {
 	Mountpoint, FSType, Source string
+	Options                    string   // per-mount options: ro,nosuid,...
 	Optional                   []string // shared:N, master:N, propagate_from:N, unbindable
 	Line                       string
 }
@@ -39,10 +41,29 @@ func Mounts(pid int) ([]MountInfo, error) {
 		if sep < 0 || len(f) < sep+3 {
 			return nil, fmt.Errorf("%s: malformed line %q", path, line)
 		}
-		out = append(out, MountInfo{Mountpoint: unescapeMountinfo(f[4]), Optional: f[6:sep],
+		out = append(out, MountInfo{Mountpoint: unescapeMountinfo(f[4]), Options: f[5], Optional: f[6:sep],
 			FSType: f[sep+1], Source: unescapeMountinfo(f[sep+2]), Line: line})
 	}
 	return out, nil
+}
+
+// MountsOn is what this process sees mounted on dir, bottom first.
+func MountsOn(dir string) []MountInfo {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil
+	}
+	ms, err := Mounts(0)
+	if err != nil {
+		return nil
+	}
+	var out []MountInfo
+	for _, m := range ms {
+		if m.Mountpoint == abs {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelfs/modelfs/fs"
 	"github.com/modelfs/modelfs/internal/safetensors"
 	"github.com/modelfs/modelfs/internal/testenv"
 )
@@ -98,15 +99,7 @@ func run(t *testing.T, env []string, args ...string) (code int, stdout, stderr s
 	return code, o.String(), e.String()
 }
 
-func isMounted(dir string) bool {
-	b, _ := os.ReadFile("/proc/self/mountinfo")
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
-			return true
-		}
-	}
-	return false
-}
+func isMounted(dir string) bool { return len(fs.MountsOn(dir)) > 0 }
 
 func TestBadInputFailsBeforeMounting(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "a-file")
