@@ -182,7 +182,7 @@ func (m *model) shardPaths(dir string) []string {
 // the local baseline depend on how the bench seeded it.
 func (m *model) warmServer() error {
 	local := m.shardPaths(m.local)
-	if err := evict(local); err != nil {
+	if err := testenv.Evict(local...); err != nil {
 		return err
 	}
 	_, err := runLoader(false, local)

@@ -728,22 +728,3 @@ func showTable(args []string) error {
 	}
 	return nil
 }
-
-// evict drops the page cache of files (written back first).
-func evict(files []string) error {
-	for _, p := range files {
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		err = f.Sync()
-		if err == nil {
-			err = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
-		}
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("evict %s: %w", p, err)
-		}
-	}
-	return nil
-}

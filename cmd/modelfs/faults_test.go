@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/modelfs/modelfs/internal/faultproxy"
 	"github.com/modelfs/modelfs/internal/safetensors"
 	"github.com/modelfs/modelfs/internal/testenv"
@@ -296,26 +294,9 @@ func tail(s string, n int) string {
 // reads through the daemon again.
 func evict(t testing.TB, files ...string) {
 	t.Helper()
-	if err := evictFiles(files...); err != nil {
+	if err := testenv.Evict(files...); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// evictFiles drops the files' cached pages that no process maps: FUSE
-// honours FADV_DONTNEED like any file system.
-func evictFiles(files ...string) error {
-	for _, f := range files {
-		fd, err := unix.Open(f, unix.O_RDONLY, 0)
-		if err != nil {
-			return fmt.Errorf("evict %s: %w", f, err)
-		}
-		err = unix.Fadvise(fd, 0, 0, unix.FADV_DONTNEED)
-		unix.Close(fd)
-		if err != nil {
-			return fmt.Errorf("fadvise %s: %w", f, err)
-		}
-	}
-	return nil
 }
 
 // TestFaultRecovery: for each recoverable fault, a load through the mount

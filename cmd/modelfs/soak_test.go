@@ -78,7 +78,7 @@ func TestSoak(t *testing.T) {
 			r := &results[w]
 			for i := 0; time.Now().Before(deadline); i++ {
 				order := append(append([]string(nil), files[(w+i)%len(files):]...), files[:(w+i)%len(files)]...)
-				if err := evictFiles(order...); err != nil {
+				if err := testenv.Evict(order...); err != nil {
 					r.fail = err.Error()
 					return
 				}

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Daemon is a running `modelfs mount` process.
@@ -187,4 +189,27 @@ func WrittenBytes(pid int) (int64, error) {
 		}
 	}
 	return 0, errors.New("no wchar in /proc/PID/io")
+}
+
+// Evict drops the files' cached pages that no process maps, writing dirty
+// ones back first; FUSE honours FADV_DONTNEED like any file system.
+func Evict(files ...string) error {
+	for _, p := range files {
+		f, err := os.Open(p)
+		if err != nil {
+			return fmt.Errorf("evict %s: %w", p, err)
+		}
+		err = f.Sync()
+		if errors.Is(err, syscall.ENOTSUP) || errors.Is(err, syscall.EROFS) {
+			err = nil // a read-only file system has nothing to write back
+		}
+		if err == nil {
+			err = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+		}
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("evict %s: %w", p, err)
+		}
+	}
+	return nil
 }
