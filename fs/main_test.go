@@ -2,10 +2,10 @@ package fs_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,7 +16,6 @@ import (
 	"github.com/modelfs/modelfs/backend"
 	"github.com/modelfs/modelfs/cache"
 	"github.com/modelfs/modelfs/fs"
-	"github.com/modelfs/modelfs/internal/safetensors"
 	"github.com/modelfs/modelfs/internal/testenv"
 	"github.com/modelfs/modelfs/prefetch"
 )
@@ -25,26 +24,8 @@ import (
 // buckets of its own.
 var srv *testenv.S3Server
 
-// loaderEnv makes the test binary act as a loader process: it loads (and
-// verifies) the files listed in the variable and prints the result. A
-// process must never page-fault on a FUSE mount it serves itself.
-const loaderEnv = "MODELFS_TEST_LOAD"
-
 func TestMain(m *testing.M) {
-	if files := os.Getenv(loaderEnv); files != "" {
-		var total safetensors.LoadResult
-		for _, f := range strings.Split(files, "\n") {
-			r, err := safetensors.Load(f, true)
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				os.Exit(1)
-			}
-			total.Tensors += r.Tensors
-			total.Bytes += r.Bytes
-		}
-		json.NewEncoder(os.Stdout).Encode(total)
-		os.Exit(0)
-	}
+	testenv.ServeLoader()
 	os.Exit(testenv.MainWithS3("fs", func(s *testenv.S3Server, _ string) error {
 		srv = s
 		return nil
@@ -144,9 +125,7 @@ func mountBucket(t *testing.T, bucket, prefix string, o mountOpts) *mounted {
 // verification and returns the tensor bytes it copied.
 func loadInChild(t *testing.T, files ...string) int64 {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), loaderEnv+"="+strings.Join(files, "\n"))
-	out, err := cmd.Output()
+	out, err := testenv.Loader(files...).Output()
 	if err != nil {
 		var stderr string
 		if ee, ok := err.(*exec.ExitError); ok {
@@ -154,11 +133,11 @@ func loadInChild(t *testing.T, files ...string) int64 {
 		}
 		t.Fatalf("loader: %v: %s", err, stderr)
 	}
-	var r safetensors.LoadResult
-	if err := json.Unmarshal(out, &r); err != nil {
+	n, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+	if err != nil {
 		t.Fatalf("loader output %q: %v", out, err)
 	}
-	return r.Bytes
+	return n
 }
 
 func deleteInput(bucket, key string) *s3.DeleteObjectInput {

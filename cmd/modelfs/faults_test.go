@@ -226,7 +226,7 @@ type loadResult struct {
 
 // load runs a verifying loader process over files and kills it at limit.
 func load(limit time.Duration, files ...string) loadResult {
-	cmd := loader(files...)
+	cmd := testenv.Loader(files...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	start := time.Now()

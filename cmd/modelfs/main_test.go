@@ -13,17 +13,8 @@ import (
 	"time"
 
 	"github.com/modelfs/modelfs/fs"
-	"github.com/modelfs/modelfs/internal/safetensors"
 	"github.com/modelfs/modelfs/internal/testenv"
 )
-
-// loader starts a loader process over files; Wait on it, then read its
-// stdout (the tensor bytes it verified).
-func loader(files ...string) *exec.Cmd {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), loaderEnv+"="+strings.Join(files, "\n"))
-	return cmd
-}
 
 // These tests run the modelfs binary, built from this package by TestMain,
 // against a real versitygw.
@@ -34,27 +25,8 @@ var (
 
 const bucket = "cli-test"
 
-// loaderEnv makes the test binary a loader process: it loads, verifying
-// every byte, the safetensors files listed (one per line) in the variable
-// and prints the tensor bytes it copied. A process must never page-fault
-// on a FUSE mount it serves, and the daemon here is another process
-// anyway; loaders run apart so that several can run at once.
-const loaderEnv = "MODELFS_TEST_LOAD"
-
 func TestMain(m *testing.M) {
-	if files := os.Getenv(loaderEnv); files != "" {
-		var total int64
-		for _, f := range strings.Split(files, "\n") {
-			r, err := safetensors.Load(f, true)
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				os.Exit(1)
-			}
-			total += r.Bytes
-		}
-		fmt.Println(total)
-		os.Exit(0)
-	}
+	testenv.ServeLoader()
 	os.Exit(testenv.MainWithS3("cmd", func(s *testenv.S3Server, dir string) error {
 		srv = s
 		bin = filepath.Join(dir, "modelfs")

@@ -72,7 +72,7 @@ func TestMountTOS(t *testing.T) {
 		for _, s := range shards {
 			files = append(files, filepath.Join(mnt, filepath.Base(s)))
 		}
-		ld := loader(files...)
+		ld := testenv.Loader(files...)
 		var out, errb bytes.Buffer
 		ld.Stdout, ld.Stderr = &out, &errb
 		if err := ld.Run(); err != nil {
