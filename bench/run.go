@@ -51,6 +51,12 @@ type row struct {
 	// RatioToLocal compares a warm reload with the local page-cached copy
 	// loaded in turns with it.
 	RatioToLocal float64 `json:"ratio_to_local,omitempty"`
+	// RatioToPaged compares it with a local copy held in 4 KiB pages, as
+	// the mount's page cache is on this kernel; LargeFolios is the share
+	// of the mount's, the local copy's and that copy's page cache in large
+	// folios.
+	RatioToPaged float64 `json:"ratio_to_local_4k_pages,omitempty"`
+	LargeFolios  string  `json:"large_folios,omitempty"`
 	// BudgetBytes is modelfs's cache budget in this row.
 	BudgetBytes int64 `json:"cache_budget_bytes,omitempty"`
 	// Sweep rows: which sweep, the point on it, and the model, loaders
@@ -92,6 +98,7 @@ type headline struct {
 	ColdLoad    float64 `json:"cold_mmap_load_x_ceiling"`
 	ColdCat     float64 `json:"cold_cat_x_ceiling"`
 	WarmVsLocal float64 `json:"warm_reload_x_local"`
+	WarmVsPaged float64 `json:"warm_reload_x_local_4k_pages,omitempty"`
 }
 
 // bench is one run's state.
@@ -106,6 +113,7 @@ type bench struct {
 	extra      []string  // extra modelfs flags
 	ceilConc   int       // the concurrency that gave the ceiling
 	want       func(string) bool
+	paged      *[]string // the main model's copy in 4 KiB pages, once written
 }
 
 func run(args []string) error {
@@ -275,29 +283,43 @@ func (b *bench) workloads() error {
 	}
 	if b.want("load") {
 		var warms []row
-		var local row
+		var locals []row // the fastest of each local copy, over all systems' turns
 		for _, s := range b.systems {
-			cold, warm, loc, err := b.load(s, m, b.want("warm"))
+			cold, warm, locs, err := b.load(s, m, b.want("warm"))
 			if err != nil {
 				return err
 			}
 			b.add(b.tag(cold, s), b.rep.Ceiling, m.bytes)
-			if warm.Seconds > 0 {
-				warms = append(warms, warm)
-				if local.Seconds == 0 || loc.Seconds < local.Seconds {
-					local = loc
+			if warm.Seconds == 0 {
+				continue
+			}
+			warms = append(warms, warm)
+			for i, l := range locs {
+				if i == len(locals) {
+					locals = append(locals, l)
+				} else if l.Seconds < locals[i].Seconds {
+					locals[i] = l
 				}
 			}
 		}
-		// Every warm reload is compared with the best local load, taken in
-		// turns with all of them.
+		// Every warm reload is compared with the best load of each local
+		// copy, taken in turns with all of them.
 		for _, r := range warms {
-			r.RatioToLocal = local.Seconds / r.Seconds
-			r.Note = fmt.Sprintf("%.2f× the local copy", r.RatioToLocal)
+			if len(locals) > 0 {
+				r.RatioToLocal = locals[0].Seconds / r.Seconds
+				r.Note = fmt.Sprintf("%.2f× the local copy", r.RatioToLocal)
+			}
+			if len(locals) > 1 {
+				r.RatioToPaged = locals[1].Seconds / r.Seconds
+				r.Note += fmt.Sprintf(", %.2f× the copy in 4 KiB pages", r.RatioToPaged)
+			}
+			if r.LargeFolios != "" {
+				r.Note += "; in large folios: " + r.LargeFolios
+			}
 			b.add(r, 0, m.bytes)
 		}
-		if local.Seconds > 0 {
-			b.add(local, 0, m.bytes)
+		for _, l := range locals {
+			b.add(l, 0, m.bytes)
 		}
 	}
 	if b.want("two") {
@@ -344,11 +366,21 @@ func (b *bench) tag(r row, s *system) row {
 }
 
 // load measures a cold mmap load on a fresh mount and, on the same mount,
-// warm reloads taking turns with loads of the local page-cached copy, so
-// that both see the same machine.
-func (b *bench) load(s *system, m *model, warm bool) (cold, warmR, local row, err error) {
+// warm reloads taking turns with loads of the local page-cached copy and
+// of a second local copy held in 4 KiB pages, so that all see the same
+// machine. The warm row carries the share of each one's page cache in
+// large folios.
+func (b *bench) load(s *system, m *model, warm bool) (cold, warmR row, locals []row, err error) {
 	var warmFetched float64 // the worst run's
 	var warmBytes int64
+	var paged []string
+	if warm {
+		if paged, err = b.pagedCopy(m); err != nil {
+			return cold, warmR, nil, err
+		}
+	}
+	var local, local4K row
+	shares := map[string]string{}
 	cold, err = best(b.runs(s), s.Name+" cold mmap load", func() (row, error) {
 		r, err := b.w.phase(s, m.s3, "cold mmap load", func(mnt string, mark func()) (int64, float64, error) {
 			res, err := runLoader(false, m.shardPaths(mnt))
@@ -357,21 +389,34 @@ func (b *bench) load(s *system, m *model, warm bool) (cold, warmR, local row, er
 			}
 			mark() // the cold row's traffic and CPU end here
 			warmBytes = 0
+			fastest := func(r *row, l loadResult, system, workload string) {
+				if r.Seconds == 0 || l.Seconds < r.Seconds {
+					*r = row{System: system, Workload: workload, Bytes: l.Bytes, Seconds: l.Seconds}
+				}
+			}
 			for i := 0; i < 2 && warm; i++ {
 				wr, err := runLoader(false, m.shardPaths(mnt))
 				if err != nil {
 					return 0, 0, err
 				}
+				warmBytes += wr.Bytes
+				fastest(&warmR, wr, s.Name, "warm reload (same mount)")
 				lr, err := runLoader(false, m.shardPaths(m.local))
 				if err != nil {
 					return 0, 0, err
 				}
-				warmBytes += wr.Bytes
-				if warmR.Seconds == 0 || wr.Seconds < warmR.Seconds {
-					warmR = row{System: s.Name, Workload: "warm reload (same mount)", Bytes: wr.Bytes, Seconds: wr.Seconds}
+				fastest(&local, lr, "local", "page-cached copy")
+				if len(paged) > 0 {
+					pr, err := runLoader(false, paged)
+					if err != nil {
+						return 0, 0, err
+					}
+					fastest(&local4K, pr, "local", "page-cached copy, 4 KiB pages")
 				}
-				if local.Seconds == 0 || lr.Seconds < local.Seconds {
-					local = row{System: "local", Workload: "page-cached copy", Bytes: lr.Bytes, Seconds: lr.Seconds}
+			}
+			for name, files := range map[string][]string{"mount": m.shardPaths(mnt), "local": m.shardPaths(m.local), "4 KiB copy": paged} {
+				if share, err := largeFolioShare(files); err == nil && warm && len(files) > 0 {
+					shares[name] = fmt.Sprintf("%.0f%%", 100*share)
 				}
 			}
 			return res.Bytes, res.Seconds, nil
@@ -386,7 +431,33 @@ func (b *bench) load(s *system, m *model, warm bool) (cold, warmR, local row, er
 		warmR.FetchedRate = warmFetched
 		warmR.Fetched = int64(warmFetched * float64(m.bytes))
 	}
-	return cold, warmR, local, err
+	if len(shares) > 0 {
+		warmR.LargeFolios = fmt.Sprintf("mount %s, local %s, 4 KiB copy %s", shares["mount"], shares["local"], shares["4 KiB copy"])
+	}
+	for _, l := range []row{local, local4K} {
+		if l.Seconds > 0 {
+			locals = append(locals, l)
+		}
+	}
+	return cold, warmR, locals, err
+}
+
+// pagedCopy is the run's copy of m in 4 KiB pages, written on first use
+// and removed when the run ends.
+func (b *bench) pagedCopy(m *model) ([]string, error) {
+	if b.paged == nil {
+		dir := filepath.Join(b.w.dir, "paged-"+strings.TrimSuffix(m.prefix, "/"))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		b.w.defer_(func() { os.RemoveAll(dir) })
+		paths, err := m.pagedCopy(dir)
+		if err != nil {
+			return nil, err
+		}
+		b.paged = &paths
+	}
+	return *b.paged, nil
 }
 
 // ceiling reads every shard of m with parallel ranged GETs of 64 MiB, at
@@ -609,7 +680,7 @@ func headlines(rep *report) []headline {
 			case "cold cat":
 				h.ColdCat, found = r.Ratio, true
 			case "warm reload (same mount)":
-				h.WarmVsLocal, found = r.RatioToLocal, true
+				h.WarmVsLocal, h.WarmVsPaged, found = r.RatioToLocal, r.RatioToPaged, true
 			}
 		}
 		if found {
@@ -649,7 +720,8 @@ func printTable(rep *report, md bool) {
 	if len(rep.Headline) > 0 {
 		fmt.Println("\nheadline (cold: × ceiling; warm: × local page-cached copy)")
 		for _, h := range rep.Headline {
-			fmt.Printf("  %-8s cold mmap load %.2f×  cold cat %.2f×  warm reload %.2f×\n", h.System, h.ColdLoad, h.ColdCat, h.WarmVsLocal)
+			fmt.Printf("  %-8s cold mmap load %.2f×  cold cat %.2f×  warm reload %.2f× (%.2f× the copy in 4 KiB pages)\n",
+				h.System, h.ColdLoad, h.ColdCat, h.WarmVsLocal, h.WarmVsPaged)
 		}
 	}
 }
