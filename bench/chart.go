@@ -30,7 +30,7 @@ type panel struct {
 }
 
 var barColors = map[string]string{
-	"direct": "#8c8c8c", "local": "#8c8c8c", "modelfs": "#1f6fb4", "rclone": "#e8790c", "s3fs": "#2a9a3a",
+	"direct": "#8c8c8c", "local": "#8c8c8c", "local 4K": "#b0b0b0", "modelfs": "#1f6fb4", "rclone": "#e8790c", "s3fs": "#2a9a3a",
 }
 
 const (
@@ -116,9 +116,16 @@ func headlinePanels(rep *report) []panel {
 	if r, ok := find("local", "page-cached copy"); ok {
 		g.bars = append(g.bars, bar{system: "local", value: r.MiBps, text: fmt.Sprintf("%.0f MiB/s · local copy", r.MiBps)})
 	}
+	if r, ok := find("local", "page-cached copy, 4 KiB pages"); ok {
+		g.bars = append(g.bars, bar{system: "local 4K", value: r.MiBps, text: fmt.Sprintf("%.0f MiB/s · local copy in 4 KiB pages", r.MiBps)})
+	}
 	for _, s := range systems {
 		if r, ok := find(s, "warm reload (same mount)"); ok {
-			g.bars = append(g.bars, bar{system: s, value: r.MiBps, text: fmt.Sprintf("%.0f MiB/s · %.2f×", r.MiBps, r.RatioToLocal)})
+			text := fmt.Sprintf("%.0f MiB/s · %.2f×", r.MiBps, r.RatioToLocal)
+			if r.RatioToPaged > 0 {
+				text += fmt.Sprintf(" · %.2f× in 4 KiB pages", r.RatioToPaged)
+			}
+			g.bars = append(g.bars, bar{system: s, value: r.MiBps, text: text})
 		} else {
 			g.bars = append(g.bars, bar{system: s, missing: missing(s)})
 		}
@@ -163,7 +170,7 @@ func sweepPanels(rep *report) []panel {
 func measured(p panel) bool {
 	for _, g := range p.groups {
 		for _, b := range g.bars {
-			if b.missing == "" && b.value > 0 && b.system != "direct" && b.system != "local" {
+			if b.missing == "" && b.value > 0 && b.system != "direct" && !strings.HasPrefix(b.system, "local") {
 				return true
 			}
 		}

@@ -69,6 +69,9 @@ type row struct {
 	CeilingMiBps float64 `json:"ceiling_mib_per_s,omitempty"`
 }
 
+// rate is the row's MiB/s.
+func (r row) rate() float64 { return float64(r.Bytes) / (1 << 20) / r.Seconds }
+
 type report struct {
 	Machine    string  `json:"machine"`
 	Date       string  `json:"date"`
@@ -213,7 +216,7 @@ func (b *bench) modelfs(budget int64) *system {
 // add completes r's rates against ceiling and modelBytes and records it.
 func (b *bench) add(r row, ceiling float64, modelBytes int64) {
 	if r.Seconds > 0 {
-		r.MiBps = float64(r.Bytes) / (1 << 20) / r.Seconds
+		r.MiBps = r.rate()
 	}
 	if ceiling > 0 {
 		r.Ratio = r.MiBps / ceiling
@@ -282,7 +285,6 @@ func (b *bench) workloads() error {
 		}
 	}
 	if b.want("load") {
-		var warms []row
 		var locals []row // the fastest of each local copy, over all systems' turns
 		for _, s := range b.systems {
 			cold, warm, locs, err := b.load(s, m, b.want("warm"))
@@ -293,7 +295,7 @@ func (b *bench) workloads() error {
 			if warm.Seconds == 0 {
 				continue
 			}
-			warms = append(warms, warm)
+			b.add(warm, 0, m.bytes)
 			for i, l := range locs {
 				if i == len(locals) {
 					locals = append(locals, l)
@@ -301,22 +303,6 @@ func (b *bench) workloads() error {
 					locals[i] = l
 				}
 			}
-		}
-		// Every warm reload is compared with the best load of each local
-		// copy, taken in turns with all of them.
-		for _, r := range warms {
-			if len(locals) > 0 {
-				r.RatioToLocal = locals[0].Seconds / r.Seconds
-				r.Note = fmt.Sprintf("%.2f× the local copy", r.RatioToLocal)
-			}
-			if len(locals) > 1 {
-				r.RatioToPaged = locals[1].Seconds / r.Seconds
-				r.Note += fmt.Sprintf(", %.2f× the copy in 4 KiB pages", r.RatioToPaged)
-			}
-			if r.LargeFolios != "" {
-				r.Note += "; in large folios: " + r.LargeFolios
-			}
-			b.add(r, 0, m.bytes)
 		}
 		for _, l := range locals {
 			b.add(l, 0, m.bytes)
@@ -431,12 +417,20 @@ func (b *bench) load(s *system, m *model, warm bool) (cold, warmR row, locals []
 		warmR.FetchedRate = warmFetched
 		warmR.Fetched = int64(warmFetched * float64(m.bytes))
 	}
-	if len(shares) > 0 {
-		warmR.LargeFolios = fmt.Sprintf("mount %s, local %s, 4 KiB copy %s", shares["mount"], shares["local"], shares["4 KiB copy"])
-	}
-	for _, l := range []row{local, local4K} {
-		if l.Seconds > 0 {
-			locals = append(locals, l)
+	// The warm reload is compared with the loads of each local copy taken
+	// in turns with it: the same machine, the same number of tries.
+	if warmR.Seconds > 0 && local.Seconds > 0 {
+		warmR.RatioToLocal = local.Seconds / warmR.Seconds
+		warmR.Note = fmt.Sprintf("%.2f× the local copy (%.0f MiB/s in its turns)", warmR.RatioToLocal, local.rate())
+		locals = append(locals, local)
+		if local4K.Seconds > 0 {
+			warmR.RatioToPaged = local4K.Seconds / warmR.Seconds
+			warmR.Note += fmt.Sprintf(", %.2f× the copy in 4 KiB pages (%.0f)", warmR.RatioToPaged, local4K.rate())
+			locals = append(locals, local4K)
+		}
+		if len(shares) > 0 {
+			warmR.LargeFolios = fmt.Sprintf("mount %s, local %s, 4 KiB copy %s", shares["mount"], shares["local"], shares["4 KiB copy"])
+			warmR.Note += "; in large folios: " + warmR.LargeFolios
 		}
 	}
 	return cold, warmR, locals, err
@@ -478,7 +472,7 @@ func (b *bench) ceiling(m *model, t *target, system string, concs []int, tag fun
 		if err != nil {
 			return 0, 0, err
 		}
-		r.MiBps = float64(r.Bytes) / (1 << 20) / r.Seconds
+		r.MiBps = r.rate()
 		if r.MiBps > top {
 			top, conc = r.MiBps, c
 		}
