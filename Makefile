@@ -46,7 +46,7 @@ lint: $(TOOLS)/staticcheck
 	$(TOOLS)/staticcheck ./...
 
 # The benchmark: modelfs against the direct ceiling and, when installed, the
-# peers (rclone mount, s3fs) on the same server and model. About 5 minutes.
+# peers (rclone mount, s3fs) on the same server and model. About 10 minutes.
 bench: build tools
 	$(GO) run ./bench run
 
