@@ -366,7 +366,7 @@ func (b *bench) load(s *system, m *model, warm bool) (cold, warmR row, locals []
 		}
 	}
 	var local, local4K row
-	shares := map[string]string{}
+	var shares []string // large-folio shares of the mount and the local copies
 	cold, err = best(b.runs(s), s.Name+" cold mmap load", func() (row, error) {
 		r, err := b.w.phase(s, m.s3, "cold mmap load", func(mnt string, mark func()) (int64, float64, error) {
 			res, err := runLoader(false, m.shardPaths(mnt))
@@ -400,9 +400,17 @@ func (b *bench) load(s *system, m *model, warm bool) (cold, warmR row, locals []
 					fastest(&local4K, pr, "local", "page-cached copy, 4 KiB pages")
 				}
 			}
-			for name, files := range map[string][]string{"mount": m.shardPaths(mnt), "local": m.shardPaths(m.local), "4 KiB copy": paged} {
-				if share, err := largeFolioShare(files); err == nil && warm && len(files) > 0 {
-					shares[name] = fmt.Sprintf("%.0f%%", 100*share)
+			censused := []struct {
+				name  string
+				files []string
+			}{{"mount", m.shardPaths(mnt)}, {"local", m.shardPaths(m.local)}, {"4 KiB copy", paged}}
+			shares = nil // the last run's census
+			for _, c := range censused {
+				if len(c.files) == 0 || !warm {
+					continue
+				}
+				if share, err := largeFolioShare(c.files); err == nil {
+					shares = append(shares, fmt.Sprintf("%s %.0f%%", c.name, 100*share))
 				}
 			}
 			return res.Bytes, res.Seconds, nil
@@ -429,7 +437,7 @@ func (b *bench) load(s *system, m *model, warm bool) (cold, warmR row, locals []
 			locals = append(locals, local4K)
 		}
 		if len(shares) > 0 {
-			warmR.LargeFolios = fmt.Sprintf("mount %s, local %s, 4 KiB copy %s", shares["mount"], shares["local"], shares["4 KiB copy"])
+			warmR.LargeFolios = strings.Join(shares, ", ")
 			warmR.Note += "; in large folios: " + warmR.LargeFolios
 		}
 	}
