@@ -17,6 +17,11 @@ import (
 	"time"
 )
 
+// MetadataTimeout bounds a listing or a HEAD as a whole: the SDKs set no
+// response timeout of their own, and a server that accepts and never
+// answers would otherwise hold the caller forever.
+const MetadataTimeout = 2 * time.Minute
+
 // Sentinel error kinds. A Store wraps the SDK error together with one of these.
 var (
 	// ErrNotExist: the object (or key) does not exist.

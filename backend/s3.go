@@ -71,17 +71,11 @@ func NewS3(ctx context.Context, bucket string, cfg Config) (Store, error) {
 	endpoint := Endpoint("s3", cfg)
 	pathStyle := cfg.ForcePathStyle
 	if endpoint != "" {
-		u, err := url.Parse(endpoint)
+		u, err := parseEndpoint("S3", endpoint)
 		if err != nil {
-			return nil, errors.New("invalid S3 endpoint: not a URL; want http(s)://HOST[:PORT]") // the text may hold a password
+			return nil, err
 		}
-		if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("invalid S3 endpoint %q: want http(s)://HOST[:PORT]", u.Redacted())
-		}
-		if u.User != nil {
-			// It would be shown in logs and status; credentials go elsewhere.
-			return nil, fmt.Errorf("invalid S3 endpoint %q: user info in the URL is not supported; pass credentials through the environment", u.Redacted())
-		}
+		endpoint = u.String()
 		pathStyle = pathStyle || hostNeedsPathStyle(u.Hostname())
 	}
 	hc := newHTTPClient(cfg.MaxConns)
@@ -145,6 +139,33 @@ func Endpoint(scheme string, cfg Config) string {
 		return firstNonEmpty(cfg.Endpoint, os.Getenv("TOS_ENDPOINT"))
 	}
 	return cfg.Endpoint
+}
+
+// parseEndpoint checks an endpoint URL of the kind ("S3", "TOS") and
+// returns it as scheme://host[:port]. Errors never repeat the text: an
+// endpoint may carry credentials (user info, a signed query), and errors
+// reach logs and the status API. A bare HOST[:PORT] means https.
+func parseEndpoint(kind, raw string) (*url.URL, error) {
+	s := raw
+	if !strings.Contains(s, "://") {
+		s = "https://" + s
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("invalid %s endpoint: not a URL; want [http(s)://]HOST[:PORT]", kind)
+	case u.User != nil || strings.Contains(u.Host, "@"):
+		return nil, fmt.Errorf("invalid %s endpoint: it must not contain user information; pass credentials through the environment", kind)
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		return nil, fmt.Errorf("invalid %s endpoint: it must not have a query or a fragment; want [http(s)://]HOST[:PORT]", kind)
+	case u.Scheme != "http" && u.Scheme != "https":
+		return nil, fmt.Errorf("invalid %s endpoint: scheme %q; want http or https", kind, u.Scheme)
+	case u.Host == "":
+		return nil, fmt.Errorf("invalid %s endpoint: no host; want [http(s)://]HOST[:PORT]", kind)
+	case u.Path != "" && u.Path != "/":
+		return nil, fmt.Errorf("invalid %s endpoint %s: it must not have a path; want [http(s)://]HOST[:PORT]", kind, u.Scheme+"://"+u.Host)
+	}
+	return &url.URL{Scheme: u.Scheme, Host: u.Host}, nil
 }
 
 // Loopback reports whether endpoint names this machine: then the "network"

@@ -252,11 +252,39 @@ func TestS3ListNeedsNewContinuationToken(t *testing.T) {
 	}
 }
 
-// An endpoint carrying a password is refused without echoing it.
-func TestS3EndpointWithUserInfo(t *testing.T) {
-	_, err := NewS3(t.Context(), "bkt", Config{Endpoint: "http://user:s3cr3t@127.0.0.1:1", AccessKey: "a", SecretKey: "b"})
-	if err == nil || strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), "user info") {
-		t.Fatalf("NewS3 with a password in the endpoint: %v", err)
+// An endpoint that is not a plain [http(s)://]HOST[:PORT] is refused, and
+// the error never repeats what may be a credential in it, whichever way
+// it fails to parse, for both stores.
+func TestEndpointErrorsNeverEchoSecrets(t *testing.T) {
+	cases := []struct{ endpoint, want string }{
+		{"http://user:s3cr3t@127.0.0.1:1", "user information"},
+		{"https://AKLTxyz:wJalr/K7s3cr3t+bPx@tos-cn-beijing.volces.com", "not a URL"}, // '/' ends the host early
+		{"http://u:s3cr3t%zz@127.0.0.1:1", "not a URL"},
+		{"http://127.0.0.1:9000/?X-Amz-Security-Token=s3cr3t", "query"},
+		{"http://127.0.0.1:9000/#s3cr3t", "fragment"},
+		{"http://127.0.0.1:9000/s3cr3t", "path"},
+		{"ftp://s3cr3t", "scheme"},
+	}
+	for _, kind := range []string{"S3", "TOS"} {
+		for _, c := range cases {
+			_, err := parseEndpoint(kind, c.endpoint)
+			if err == nil || strings.Contains(err.Error(), "s3cr3t") || !strings.Contains(err.Error(), c.want) ||
+				!strings.Contains(err.Error(), "invalid "+kind+" endpoint") {
+				t.Errorf("%s endpoint %q: %v, want an error about %q that hides the secret", kind, c.endpoint, err, c.want)
+			}
+		}
+	}
+	// Through the constructors, which reach logs and the model API.
+	if _, err := NewS3(t.Context(), "bkt", Config{Endpoint: cases[1].endpoint, AccessKey: "a", SecretKey: "b"}); err == nil || strings.Contains(err.Error(), "s3cr3t") {
+		t.Errorf("NewS3: %v", err)
+	}
+	if _, err := tosEndpoint(cases[1].endpoint, "cn-beijing"); err == nil || strings.Contains(err.Error(), "s3cr3t") {
+		t.Errorf("tosEndpoint: %v", err)
+	}
+	for _, ok := range []string{"http://127.0.0.1:9000", "https://s3.example.com/", "s3.example.com:8443"} {
+		if u, err := parseEndpoint("S3", ok); err != nil || u.Path != "" {
+			t.Errorf("endpoint %q: %v %v, want it accepted as scheme://host", ok, u, err)
+		}
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"strings"
 
@@ -94,31 +93,22 @@ func tosEndpoint(raw, region string) (string, error) {
 		}
 		return "https://" + host, nil
 	}
-	s := raw
-	if !strings.Contains(s, "://") {
-		s = "https://" + s
-	}
-	u, err := url.Parse(s)
-	if err == nil && u.User != nil {
-		// Never echo an endpoint that carries a password.
-		return "", errors.New("invalid TOS endpoint: it must not contain user information")
-	}
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" ||
-		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
-		return "", fmt.Errorf("invalid TOS endpoint %q: want [http(s)://]HOST[:PORT]", raw)
+	u, err := parseEndpoint("TOS", raw)
+	if err != nil {
+		return "", err
 	}
 	host := strings.ToLower(u.Hostname())
 	if strings.HasPrefix(host, "tos-s3-") {
-		return "", fmt.Errorf("TOS endpoint %q is TOS's S3-compatible endpoint, which the TOS API refuses: "+
-			"use tos-REGION.volces.com, or an s3:// URI with this endpoint", raw)
+		return "", fmt.Errorf("TOS endpoint %s is TOS's S3-compatible endpoint, which the TOS API refuses: "+
+			"use tos-REGION.volces.com, or an s3:// URI with this endpoint", u)
 	}
 	if net.ParseIP(host) == nil && hostNeedsPathStyle(host) {
 		// The SDK addresses buckets as BUCKET.HOST for every host name and
 		// has no path-style switch: BUCKET.localhost does not resolve.
-		return "", fmt.Errorf("TOS endpoint %q: TOS addresses buckets by virtual host for host names; "+
-			"use an IP address such as 127.0.0.1 for a local server", raw)
+		return "", fmt.Errorf("TOS endpoint %s: TOS addresses buckets by virtual host for host names; "+
+			"use an IP address such as 127.0.0.1 for a local server", u)
 	}
-	return u.Scheme + "://" + u.Host, nil
+	return u.String(), nil
 }
 
 func (s *tosStore) String() string { return "tos://" + s.bucket + " at " + s.endpoint }

@@ -47,9 +47,15 @@ func Mounts(pid int) ([]MountInfo, error) {
 	return out, nil
 }
 
-// MountsOn is what this process sees mounted on dir, bottom first.
+// MountsOn is what this process sees mounted on dir, bottom first. Like
+// mount(2), it follows symbolic links in dir: mountinfo names the target.
 func MountsOn(dir string) []MountInfo {
-	abs, err := filepath.Abs(dir)
+	abs, err := filepath.EvalSymlinks(dir)
+	if err == nil {
+		abs, err = filepath.Abs(abs)
+	} else {
+		abs, err = filepath.Abs(dir)
+	}
 	if err != nil {
 		return nil
 	}

@@ -187,7 +187,7 @@ func (n *Node) open(ctx context.Context, loc backend.Location, name string, sc b
 	r.Stats = n.stats
 	r.Observe = func(d time.Duration) { n.latency.Observe(d.Seconds()) }
 	relist := func(ctx context.Context) (*fs.Tree, error) {
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		ctx, cancel := context.WithTimeout(ctx, backend.MetadataTimeout)
 		defer cancel()
 		return fs.List(ctx, store, loc.Prefix, filter)
 	}

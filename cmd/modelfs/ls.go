@@ -27,7 +27,7 @@ func lsCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			ctx, cancel := context.WithTimeout(c.Context, 2*time.Minute)
+			ctx, cancel := context.WithTimeout(c.Context, backend.MetadataTimeout)
 			defer cancel()
 			store, err := openStore(ctx, c, loc, 4)
 			if err != nil {
@@ -81,7 +81,9 @@ func catCommand() *cli.Command {
 				return err
 			}
 			defer store.Close()
-			obj, err := store.Stat(ctx, key)
+			statCtx, cancel := context.WithTimeout(ctx, backend.MetadataTimeout)
+			obj, err := store.Stat(statCtx, key)
+			cancel()
 			if err != nil {
 				return explain(err, loc, store)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,10 +53,16 @@ func TestMain(m *testing.M) {
 }
 
 // run runs the binary with the test server's credentials plus extra
-// environment and returns its exit code and output.
+// environment and returns its exit code and output. A command still
+// running after 90 s (a mount that should have failed) gets SIGTERM, and
+// so unmounts.
 func run(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 15 * time.Second
 	cmd.Env = append(srv.Env(), env...)
 	var o, e strings.Builder
 	cmd.Stdout, cmd.Stderr = &o, &e
@@ -146,6 +153,22 @@ func TestBadInputFailsBeforeMounting(t *testing.T) {
 		code, _, stderr := run(t, nil, "warm", "--interval", "0s", "some-model")
 		if code != 2 || !strings.Contains(stderr, "--interval 0s") || strings.Contains(stderr, "panic") {
 			t.Errorf("warm --interval 0s: exit %d, stderr %q", code, stderr)
+		}
+	})
+	t.Run("no URI and the status address taken", func(t *testing.T) {
+		// Without a URI the mount is served only through its status
+		// server: with the default address taken it must not start.
+		if ln, err := net.Listen("tcp", "127.0.0.1:9090"); err == nil {
+			defer ln.Close()
+		}
+		mnt := t.TempDir()
+		code, _, stderr := run(t, nil, "mount", mnt)
+		if code == 0 || !strings.Contains(stderr, "status server") {
+			t.Errorf("exit %d, stderr %q", code, stderr)
+		}
+		if isMounted(mnt) {
+			syscall.Unmount(mnt, syscall.MNT_DETACH)
+			t.Errorf("%s left mounted", mnt)
 		}
 	})
 	t.Run("argument count", func(t *testing.T) {

@@ -216,6 +216,10 @@ func runMount(c *cli.Context) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The default status address may be taken by another mount on the
+	// node: a mount of a URI goes on without a status server then, but one
+	// without a URI is served only through it.
+	statusOptional := !c.IsSet("status-addr") && mc.loc != nil
 	n, err := node.Start(ctx, node.Config{
 		Mountpoint:     mc.mountpoint,
 		Root:           mc.loc,
@@ -228,7 +232,7 @@ func runMount(c *cli.Context) error {
 		Filter:         mc.filter,
 		FS:             mc.fsOpts,
 		StatusAddr:     c.String("status-addr"),
-		StatusOptional: !c.IsSet("status-addr"),
+		StatusOptional: statusOptional,
 	})
 	if err != nil {
 		return err

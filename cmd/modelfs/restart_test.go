@@ -71,8 +71,18 @@ func TestKillAndRestartOverStaleMount(t *testing.T) {
 	if code == 0 || !strings.Contains(stderr, "already served by a running modelfs") {
 		t.Errorf("a second daemon on a live mount: exit %d, stderr %q", code, stderr)
 	}
+	// So does one given a symbolic link to it.
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(mnt, link); err != nil {
+		t.Fatal(err)
+	}
+	viaLink := append(append([]string{"mount"}, args[:len(args)-1]...), link)
+	code, _, stderr = run(t, nil, viaLink...)
+	if code == 0 || !strings.Contains(stderr, "already served by a running modelfs") {
+		t.Errorf("a second daemon through a symlink to a live mount: exit %d, stderr %q", code, stderr)
+	}
 	if got := modelfsMounts(t, mnt); got != 1 {
-		t.Errorf("after the refused mount: %d modelfs mounts on %s, want 1", got, mnt)
+		t.Errorf("after the refused mounts: %d modelfs mounts on %s, want 1", got, mnt)
 	}
 	checkModel(t, mnt)
 
