@@ -240,7 +240,7 @@ func (n *file) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 	f := n.f
 	spans, err := n.fetcher.Read(ctx, f, off, len(dest))
 	if err != nil {
-		e := errno(err)
+		e := errno(ctx, err)
 		if e != syscall.EINTR {
 			slog.Warn("read failed", "file", f.Name, "offset", off, "size", len(dest), "errno", e.Error(), "err", err)
 		}
@@ -299,15 +299,19 @@ func (r *reply) Done() {
 }
 
 // errno maps a read error to the status a reader sees, in one place: an
-// object replaced or deleted since it was listed is stale, an interrupted
-// wait is EINTR, and everything else is an I/O error.
-func errno(err error) syscall.Errno {
+// object replaced or deleted since it was listed is stale, a read the
+// kernel interrupted (its request context is done) is EINTR, and
+// everything else is an I/O error. Store timeouts match
+// context.DeadlineExceeded too, so only the request's own context decides
+// EINTR: readers retry EINTR at once, and a store that keeps timing out
+// would have them retry for ever.
+func errno(ctx context.Context, err error) syscall.Errno {
 	switch {
 	case err == nil:
 		return 0
 	case errors.Is(err, backend.ErrPrecondition), errors.Is(err, backend.ErrNotExist):
 		return syscall.ESTALE
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	case ctx.Err() != nil:
 		return syscall.EINTR
 	}
 	return syscall.EIO
