@@ -225,7 +225,7 @@ func (n *Node) pull(ctx context.Context, m *model, files []*prefetch.File) {
 			m.fail(err)
 			return
 		}
-		slog.Debug("prefetch claimed every chunk", "model", m.name, "bytes", m.progress.Total.Load(),
+		slog.Debug("prefetch done", "model", m.name, "bytes", m.progress.Total.Load(),
 			"seconds", time.Since(start).Seconds())
 	}()
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
@@ -60,7 +61,8 @@ const headerProbe = 1 << 20
 // safetensors header (each fetched on its own, to plan the pull), then the
 // data of each file in natural name order, the chunks of a safetensors file
 // in the order of its tensors' keys. It returns when every chunk has been
-// claimed (the last fetches may still be running) or when ctx ends.
+// fetched (or found cached or read), with the first GET that failed, or
+// when ctx ends.
 //
 // The pull runs at Eager priority and waits for window room, so it never
 // runs further ahead of the readers than the cache allows. A file whose
@@ -97,8 +99,9 @@ func (f *Fetcher) Warm(ctx context.Context, files []*File, mode Mode, p *Progres
 		return err
 	}
 	gone := 0
+	t := &tally{progress: p}
 	for i, file := range pick {
-		err := f.pullEager(ctx, file, plans[i], p)
+		err := f.pull(ctx, file, plans[i], cache.Eager, true, t)
 		if errors.Is(err, ErrForgotten) {
 			gone++
 			continue
@@ -106,6 +109,11 @@ func (f *Fetcher) Warm(ctx context.Context, files []*File, mode Mode, p *Progres
 		if err != nil {
 			return err
 		}
+	}
+	// The last GETs are still running: a pull that failed there must say
+	// so, or the model would show as downloading for ever.
+	if err := t.wait(); err != nil {
+		return err
 	}
 	if gone > 0 {
 		return fmt.Errorf("%d of %d files: %w", gone, len(pick), ErrForgotten)
@@ -168,7 +176,49 @@ func (f *Fetcher) header(ctx context.Context, file *File) (*safetensors.Header, 
 }
 
 // pullEager pulls the planned chunks of file, waiting for window room.
-func (f *Fetcher) pullEager(ctx context.Context, file *File, plan []int64, p *Progress) error {
-	done := func(c int64) { p.Done.Add(int64(f.chunkLen(file, c))) }
-	return f.pull(ctx, file, plan, cache.Eager, true, done)
+// tally follows one Warm: it counts the bytes of the chunks that arrived
+// (or were already there) into the Progress, keeps the first GET that
+// failed, and lets Warm wait for its GETs. A nil tally does nothing.
+type tally struct {
+	progress *Progress
+	gets     sync.WaitGroup
+	mu       sync.Mutex
+	err      error
+}
+
+func (t *tally) arrived(n int) {
+	if t != nil {
+		t.progress.Done.Add(int64(n))
+	}
+}
+
+func (t *tally) failed(err error) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	if t.err == nil {
+		t.err = err
+	}
+	t.mu.Unlock()
+}
+
+func (t *tally) started() {
+	if t != nil {
+		t.gets.Add(1)
+	}
+}
+
+func (t *tally) ended() {
+	if t != nil {
+		t.gets.Done()
+	}
+}
+
+// wait waits for every GET started and returns the first failure.
+func (t *tally) wait() error {
+	t.gets.Wait()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.err
 }

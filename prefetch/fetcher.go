@@ -397,9 +397,8 @@ func chunkRange(from, to int64) []int64 {
 // those already cached or already delivered to a reader. Consecutive
 // chunks share a GET of up to PartSize. Without wait, pull stops at the
 // first chunk the window has no room for; with wait, it waits for room
-// (until ctx ends). done, if set, is called for each chunk once it is
-// fetched, found in the cache or known delivered.
-func (f *Fetcher) pull(ctx context.Context, file *File, chunks []int64, class cache.Class, wait bool, done func(c int64)) error {
+// (until ctx ends). t, if set, follows the chunks and the GETs.
+func (f *Fetcher) pull(ctx context.Context, file *File, chunks []int64, class cache.Class, wait bool, t *tally) error {
 	per := int(f.cfg.PartSize / f.cache.ChunkSize())
 	var run []*cache.Chunk
 	flush := func() {
@@ -409,7 +408,7 @@ func (f *Fetcher) pull(ctx context.Context, file *File, chunks []int64, class ca
 			} else {
 				f.Stats.ReadaheadFetches.Add(1)
 			}
-			f.fetch(file, run, class, done)
+			f.fetch(file, run, class, t)
 			run = nil
 		}
 	}
@@ -425,9 +424,7 @@ func (f *Fetcher) pull(ctx context.Context, file *File, chunks []int64, class ca
 			flush()
 		}
 		if file.has(&file.delivered, c) {
-			if done != nil {
-				done(c)
-			}
+			t.arrived(f.chunkLen(file, c))
 			continue
 		}
 		k := f.key(file, c)
@@ -444,9 +441,7 @@ func (f *Fetcher) pull(ctx context.Context, file *File, chunks []int64, class ca
 		}
 		if !fill {
 			ch.Release()
-			if done != nil {
-				done(c)
-			}
+			t.arrived(f.chunkLen(file, c))
 			continue
 		}
 		run = append(run, ch)
@@ -455,9 +450,11 @@ func (f *Fetcher) pull(ctx context.Context, file *File, chunks []int64, class ca
 }
 
 // fetch starts one GET that fills chunks, consecutive chunks of file the
-// caller claimed for filling; it takes over the caller's references.
-func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class, done func(c int64)) {
-	t := newTicket(class)
+// caller claimed for filling; it takes over the caller's references. t, if
+// set, hears of each chunk that arrives and of a failure, and waits for
+// the GET.
+func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class, t *tally) {
+	tk := newTicket(class)
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()
@@ -468,20 +465,22 @@ func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class, do
 		return
 	}
 	for _, ch := range chunks {
-		f.pending[ch.Key()] = t
+		f.pending[ch.Key()] = tk
 		if f.wanted[ch.Key()] {
 			delete(f.wanted, ch.Key())
-			if t.class != cache.Demand {
-				t.class = cache.Demand
+			if tk.class != cache.Demand {
+				tk.class = cache.Demand
 				f.Stats.Promotions.Add(1)
 			}
 		}
 	}
 	f.wg.Add(1)
+	t.started()
 	f.mu.Unlock()
 	go func() {
 		defer f.wg.Done()
-		err := f.gate.acquire(f.ctx, t)
+		defer t.ended()
+		err := f.gate.acquire(f.ctx, tk)
 		f.mu.Lock()
 		for _, ch := range chunks {
 			delete(f.pending, ch.Key())
@@ -497,9 +496,7 @@ func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class, do
 			err = file.reader.ReadVec(f.ctx, file.Obj, off, bufs, func(i int) {
 				chunks[i].Fill(len(bufs[i]), nil)
 				filled++
-				if done != nil {
-					done(chunks[i].Key().Index)
-				}
+				t.arrived(len(bufs[i]))
 			})
 			f.gate.release()
 		}
@@ -512,6 +509,9 @@ func (f *Fetcher) fetch(file *File, chunks []*cache.Chunk, class cache.Class, do
 			f.remember(keys, err)
 			for _, ch := range chunks[filled:] {
 				ch.Fill(0, err)
+			}
+			if f.ctx.Err() == nil { // not the fetcher closing
+				t.failed(err)
 			}
 		}
 		// Readers that came after the GET started marked the chunks

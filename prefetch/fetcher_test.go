@@ -29,6 +29,7 @@ type memStore struct {
 	hold    bool
 	release chan struct{}
 	started chan get
+	fail    error // every GET fails with it, when set
 }
 
 type get struct {
@@ -60,9 +61,12 @@ func (s *memStore) Open(ctx context.Context, key, etag string, off, n int64) (io
 	g := get{key, off, n}
 	s.gets = append(s.gets, g)
 	s.fetched += n
-	hold := s.hold
+	hold, fail := s.hold, s.fail
 	s.mu.Unlock()
 	s.started <- g
+	if fail != nil {
+		return nil, fail
+	}
 	if hold {
 		select {
 		case <-s.release:
@@ -346,6 +350,24 @@ func TestPlanOfMalformedHeaderIsSequential(t *testing.T) {
 	}
 }
 
+// A warm whose GETs fail says so once they have ended, with the store's
+// error, and counts none of the bytes done: the model then shows as
+// failed, not as downloading for ever.
+func TestWarmReportsFailedGets(t *testing.T) {
+	st := newMemStore()
+	st.fail = backend.WithKind(backend.ErrPrecondition, errors.New("412"))
+	f, _ := newFetcher(t, st, 64, Config{PartSize: 4 * tcs, Concurrency: 4})
+	a := fileOf(f, "a.bin", st.put("a.bin", pattern(8*tcs, 1)))
+	p := new(Progress)
+	err := f.Warm(context.Background(), []*File{a}, All, p)
+	if !errors.Is(err, backend.ErrPrecondition) {
+		t.Fatalf("warm over failing GETs: %v, want the store's precondition error", err)
+	}
+	if p.Done.Load() != 0 || p.Total.Load() != a.Obj.Size {
+		t.Errorf("progress %d of %d, want 0 of %d", p.Done.Load(), p.Total.Load(), a.Obj.Size)
+	}
+}
+
 // A warm whose context has ended, or of a file that Forget was called on,
 // claims and fetches nothing more; the warm reports the forgotten files.
 func TestWarmStopsForCancelAndForget(t *testing.T) {
@@ -364,9 +386,6 @@ func TestWarmStopsForCancelAndForget(t *testing.T) {
 	err := f.Warm(context.Background(), []*File{a, b}, All, p)
 	if !errors.Is(err, ErrForgotten) {
 		t.Fatalf("warm with a forgotten file: %v, want ErrForgotten", err)
-	}
-	for p.Done.Load() < b.Obj.Size { // the warm returns once b's GETs are started
-		runtime.Gosched()
 	}
 	f.Close()
 	if got, want := st.fetchedBytes(), b.Obj.Size; got != want {
