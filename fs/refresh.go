@@ -8,6 +8,8 @@ import (
 	"time"
 
 	gofs "github.com/hanwen/go-fuse/v2/fs"
+
+	"github.com/modelfs/modelfs/backend"
 )
 
 // Changes counts what a refresh did.
@@ -100,8 +102,7 @@ func (r *root) apply(ctx context.Context, st *subtree, t *Tree) Changes {
 				walk(have, want, childPath)
 			default:
 				old := have.Operations().(*file).f
-				if o := old.Obj; o.Key != want.Obj.Key || o.ETag != want.Obj.ETag ||
-					o.Size != want.Obj.Size || !o.ModTime.Equal(want.Obj.ModTime) {
+				if !sameVersion(old.Obj, *want.Obj) {
 					// A new inode: the old one keeps its pages for the
 					// handles open on it, and new lookups find this one.
 					r.newFile(ctx, p, name, r.fetcher.File(childPath, *want.Obj, st.src.Reader), true)
@@ -149,4 +150,15 @@ func (r *root) forget(in *gofs.Inode) {
 func isAttached(in *gofs.Inode) bool {
 	d, ok := in.Operations().(*dir)
 	return ok && d.attached
+}
+
+// sameVersion reports whether two listings of an object name the same
+// bytes. The ETag does where the store gives one: a copy in place that
+// only changes metadata moves LastModified and keeps the ETag, and must not
+// cost the page cache and the prefetched chunks of an unchanged file.
+func sameVersion(a, b backend.Object) bool {
+	if a.Key != b.Key || a.Size != b.Size || a.ETag != b.ETag {
+		return false
+	}
+	return a.ETag != "" || a.ModTime.Equal(b.ModTime)
 }

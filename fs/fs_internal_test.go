@@ -45,3 +45,34 @@ func TestErrnoOfTimeoutsAndInterrupts(t *testing.T) {
 		}
 	}
 }
+
+// A listing that only moved LastModified (a copy in place of metadata)
+// names the same bytes when the store gives ETags; without one, the time
+// is all there is to go by.
+func TestSameVersion(t *testing.T) {
+	t0 := time.Unix(1700000000, 0)
+	o := backend.Object{Key: "m.bin", Size: 10, ETag: `"e1"`, ModTime: t0}
+	with := func(f func(*backend.Object)) backend.Object { c := o; f(&c); return c }
+	cases := []struct {
+		name string
+		b    backend.Object
+		same bool
+	}{
+		{"identical", o, true},
+		{"metadata copied in place", with(func(c *backend.Object) { c.ModTime = t0.Add(time.Hour) }), true},
+		{"new ETag", with(func(c *backend.Object) { c.ETag = `"e2"` }), false},
+		{"new size", with(func(c *backend.Object) { c.Size = 11 }), false},
+	}
+	for _, c := range cases {
+		if got := sameVersion(o, c.b); got != c.same {
+			t.Errorf("%s: sameVersion = %v, want %v", c.name, got, c.same)
+		}
+	}
+	noTag := with(func(c *backend.Object) { c.ETag = "" })
+	if sameVersion(noTag, with(func(c *backend.Object) { c.ETag = ""; c.ModTime = t0.Add(time.Hour) })) {
+		t.Error("without ETags a new LastModified must count as a new version")
+	}
+	if !sameVersion(noTag, noTag) {
+		t.Error("without ETags an unchanged listing must count as the same version")
+	}
+}
