@@ -37,6 +37,28 @@ func TestSequentialStreamGrowsItsWindow(t *testing.T) {
 	}
 }
 
+// A long stream in a large file: the window grows to max chunks ahead of
+// the stream and no further.
+func TestReadaheadWindowStopsAtMax(t *testing.T) {
+	const max = 16
+	var d streams
+	reached := false
+	for c := int64(0); c < 200; c++ {
+		from, to := d.access(c, max, 1_000_000)
+		if from >= to {
+			continue
+		}
+		if ahead := to - (c + 1); ahead > max {
+			t.Fatalf("after chunk %d readahead runs to %d: %d chunks ahead, max %d", c, to, ahead, max)
+		} else if ahead == max {
+			reached = true
+		}
+	}
+	if !reached {
+		t.Errorf("the window never grew to max (%d chunks)", max)
+	}
+}
+
 func TestRandomAccessReadsNothingAhead(t *testing.T) {
 	var d streams
 	r := rand.New(rand.NewPCG(1, 2))
