@@ -6,8 +6,9 @@
 //   - The window (three quarters of the budget) holds chunks being fetched
 //     and chunks fetched ahead of a reader but not yet delivered. No cache
 //     policy ever drops a chunk from the window: it leaves only once every
-//     page of it has been served, when its fetch fails, or when a claim of
-//     higher priority reclaims it (see Claim). This is what keeps prefetched
+//     page of it has been served, when its fetch fails, when a claim of
+//     higher priority reclaims it, or when it was served in part and then
+//     left untouched for long (see Claim). This is what keeps prefetched
 //     bytes from being thrown away before anyone reads them. Fetches ahead of
 //     readers fill at most three quarters of the window; the rest is kept
 //     for readers' misses.
@@ -117,7 +118,10 @@ type Cache struct {
 	window      map[Key]*Chunk
 	windowBytes int64
 	seq         uint64
-	released    chan struct{} // closed and replaced whenever window room frees up
+	// flow counts the bytes of the chunks claimed so far: the clock by
+	// which a chunk a reader stopped reading half way goes stale.
+	flow     int64
+	released chan struct{} // closed and replaced whenever window room frees up
 
 	freeMu    sync.Mutex
 	free      [][]byte
@@ -244,11 +248,12 @@ func (c *Cache) Get(k Key) *Chunk {
 // readers may wait for the same fill.
 //
 // A new chunk needs window room. When the window is full, Claim moves the
-// newest ready, unread chunk of a less urgent class out to ristretto; a
-// Demand claim may also move out the oldest ready Demand chunk (one a
-// reader has abandoned half read). Chunks still loading are never moved. If
-// nothing can move, Claim waits for room when wait is set and returns
-// ErrWindowFull otherwise.
+// newest ready, unread chunk of a less urgent class out to ristretto; any
+// claim may then move out a chunk served in part and untouched since (one
+// a reader abandoned half read, which would otherwise hold its room for
+// good), and a Demand claim the oldest ready Demand chunk. Chunks still
+// loading are never moved. If nothing can move, Claim waits for room when
+// wait is set and returns ErrWindowFull otherwise.
 func (c *Cache) Claim(ctx context.Context, k Key, class Class, wait bool) (ch *Chunk, fill bool, err error) {
 	if ch := c.Get(k); ch != nil {
 		c.Stats.Hits.Add(1)
@@ -293,6 +298,7 @@ func (c *Cache) Claim(ctx context.Context, k Key, class Class, wait bool) (ch *C
 		c.mu.Lock()
 	}
 	c.seq++
+	c.flow += c.chunkSize
 	ch = &Chunk{key: k, cache: c, ready: make(chan struct{}), class: class, seq: c.seq, loading: true, inWindow: true}
 	ch.refs.Store(2) // the window's and the caller's
 	c.window[k] = ch
@@ -339,9 +345,15 @@ func (c *Cache) limit(class Class) int64 {
 	return c.windowMax - c.windowMax/4
 }
 
-// victimLocked picks the ready, unread chunk a claim of class may move out.
+// victimLocked picks the ready chunk a claim of class may move out: the
+// newest one of a less urgent class; else the one a reader touched least
+// recently if it has gone stale, that is, it was served in part and four
+// windows' worth of chunks have been claimed since it was last served (its
+// reader stopped half way, or the kernel will never ask for its other
+// pages; the other streams of an interleaved load come back long before);
+// else, for a Demand claim, the oldest Demand chunk.
 func (c *Cache) victimLocked(class Class) *Chunk {
-	var newestLess, oldestDemand *Chunk
+	var newestLess, stalest, oldestDemand *Chunk
 	for _, ch := range c.window {
 		if ch.loading {
 			continue
@@ -351,17 +363,27 @@ func (c *Cache) victimLocked(class Class) *Chunk {
 			if newestLess == nil || ch.seq > newestLess.seq {
 				newestLess = ch
 			}
-		case ch.class == Demand && class == Demand:
-			if oldestDemand == nil || ch.seq < oldestDemand.seq {
+		case ch.class == Demand:
+			if ch.unserved < ch.pages() && c.flow-ch.touched > 4*c.windowMax &&
+				(stalest == nil || ch.touched < stalest.touched) {
+				stalest = ch
+			}
+			if class == Demand && (oldestDemand == nil || ch.seq < oldestDemand.seq) {
 				oldestDemand = ch
 			}
 		}
 	}
-	if newestLess != nil {
+	switch {
+	case newestLess != nil:
 		return newestLess
+	case stalest != nil:
+		return stalest
 	}
 	return oldestDemand
 }
+
+// pages is how many pages the filled chunk holds.
+func (ch *Chunk) pages() int { return (ch.n + PageSize - 1) / PageSize }
 
 // removeLocked takes ch out of the window; the window's reference passes
 // to the caller.
@@ -460,6 +482,7 @@ type Chunk struct {
 	dropped  bool     // leave the window when filled
 	served   []uint64 // bitmap of served pages
 	unserved int
+	touched  int64 // cache.flow when a page was last served
 }
 
 // Key is the chunk's key.
@@ -476,7 +499,7 @@ func (ch *Chunk) Fill(n int, err error) {
 	ch.n, ch.err = n, err
 	c.mu.Lock()
 	ch.loading = false
-	pages := (n + PageSize - 1) / PageSize
+	pages := ch.pages()
 	ch.served = make([]uint64, (pages+63)/64)
 	ch.unserved = pages
 	failed := err != nil
@@ -549,6 +572,7 @@ func (ch *Chunk) Served(from, to int) (complete bool) {
 		return complete
 	}
 	ch.class = Demand
+	ch.touched = c.flow
 	for p := first; p < last; p++ {
 		w, b := p/64, uint64(1)<<(p%64)
 		if ch.served[w]&b == 0 {

@@ -180,6 +180,61 @@ func TestPriorityReclaim(t *testing.T) {
 	}
 }
 
+// Chunks readers stopped reading half way must not hold the window for
+// good: once four windows' worth of chunks have been claimed since they
+// were last served (here by readers' misses read whole through the room
+// kept for them), readahead may move them out, the least recently served
+// first, though not while they are fresh.
+func TestAbandonedHalfReadChunksGoStale(t *testing.T) {
+	c := newCache(t, 8)
+	n := c.limit(Readahead) / cs
+	for i := int64(0); i < n; i++ {
+		ch, _, err := c.Claim(context.Background(), key(i), Demand, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fill(ch, 1)
+		ch.Served(0, PageSize) // the first page only: the reader goes away
+		ch.Release()
+	}
+	windows := func(claimed int64) float64 { return float64(claimed*cs) / float64(c.WindowMax()) }
+	for misses := int64(1); ; misses++ {
+		ch, isFiller, err := c.Claim(context.Background(), key(1000+misses), Demand, false)
+		if err != nil || !isFiller {
+			t.Fatalf("demand claim: %v", err)
+		}
+		fill(ch, 2)
+		ch.Served(0, cs) // read whole: it leaves the window
+		ch.Release()
+		ra, _, err := c.Claim(context.Background(), key(2000+misses), Readahead, false)
+		if errors.Is(err, ErrWindowFull) {
+			if windows(misses) > 5 {
+				t.Fatalf("readahead still shut out after %.1f windows of misses", windows(misses))
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		fill(ra, 3)
+		ra.Release()
+		if windows(misses) < 3.5 {
+			t.Errorf("a half-read chunk was moved out after %.1f windows of misses, while fresh", windows(misses))
+		}
+		break
+	}
+	c.mu.Lock()
+	_, firstIn := c.window[key(0)]
+	_, lastIn := c.window[key(n-1)]
+	c.mu.Unlock()
+	if firstIn || !lastIn {
+		t.Errorf("the least recently served chunk should have gone: key 0 in window %v, key %d %v", firstIn, n-1, lastIn)
+	}
+	if c.Stats.Reclaimed.Load() != 1 {
+		t.Errorf("reclaimed %d, want 1", c.Stats.Reclaimed.Load())
+	}
+}
+
 // TestReaderWakesWhenLoadsFinish: a reader waiting for room while the
 // whole window is loading is woken when a load finishes (the ready chunk
 // can then be reclaimed), not only when a chunk leaves the window.
