@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,6 +73,11 @@ type Fetcher struct {
 	pending map[cache.Key]*ticket // claimed chunks whose GET waits for a slot
 	wanted  map[cache.Key]bool    // loading chunks a reader waits for before their GET is started
 	failed  map[cache.Key]failure // chunks whose fetch failed lately
+	// scopes numbers the readers files are read through: a file's chunks
+	// are keyed by its reader's number, so models attached with their own
+	// credentials never share cached bytes, nor drop each other's. The map
+	// keeps each reader, so a number is never handed out twice.
+	scopes map[*backend.Reader]int
 }
 
 // failure is a fetch that gave up, remembered for failMemory: the kernel
@@ -98,7 +104,8 @@ func New(c *cache.Cache, stats *backend.Stats, cfg Config) *Fetcher {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &Fetcher{cache: c, fetched: stats, gate: newGate(cfg.Concurrency), cfg: cfg,
-		ctx: ctx, cancel: cancel, pending: make(map[cache.Key]*ticket), wanted: make(map[cache.Key]bool), failed: make(map[cache.Key]failure)}
+		ctx: ctx, cancel: cancel, pending: make(map[cache.Key]*ticket), wanted: make(map[cache.Key]bool),
+		failed: make(map[cache.Key]failure), scopes: make(map[*backend.Reader]int)}
 	f.Stats.Concurrency.Store(int64(cfg.Concurrency))
 	if cfg.Adaptive {
 		f.wg.Add(1)
@@ -140,7 +147,15 @@ type File struct {
 // File returns the fetch state for obj, read through r and shown to
 // readers as name.
 func (f *Fetcher) File(name string, obj backend.Object, r *backend.Reader) *File {
-	return &File{Name: name, Obj: obj, reader: r, id: r.Store.String() + "\x00" + obj.Key + "\x00" + obj.ETag}
+	f.mu.Lock()
+	scope, ok := f.scopes[r]
+	if !ok {
+		scope = len(f.scopes) + 1
+		f.scopes[r] = scope
+	}
+	f.mu.Unlock()
+	id := strconv.Itoa(scope) + "\x00" + r.Store.String() + "\x00" + obj.Key + "\x00" + obj.ETag
+	return &File{Name: name, Obj: obj, reader: r, id: id}
 }
 
 func (f *Fetcher) key(file *File, c int64) cache.Key { return cache.Key{Object: file.id, Index: c} }

@@ -475,3 +475,33 @@ func waitQueued(g *gate, n int, classes ...cache.Class) {
 		runtime.Gosched()
 	}
 }
+
+// Files read through different readers (models attached with their own
+// credentials) never share cached chunks: their chunks have other keys,
+// so the second reader fetches its bytes itself. The same reader keys a
+// file the same way every time (a re-list finds what it cached).
+func TestCachedChunksAreScopedByReader(t *testing.T) {
+	st := newMemStore()
+	f, _ := newFetcher(t, st, 64, Config{PartSize: tcs, Concurrency: 4})
+	obj := st.put("a.bin", pattern(tcs, 1))
+	other := backend.NewReader(st, backend.DefaultPolicy)
+	a, again, b := fileOf(f, "a.bin", obj), fileOf(f, "a.bin", obj), f.File("a.bin", obj, other)
+	if f.key(a, 0) != f.key(again, 0) {
+		t.Errorf("one reader keys the same chunk two ways: %v, %v", f.key(a, 0), f.key(again, 0))
+	}
+	if f.key(a, 0) == f.key(b, 0) {
+		t.Errorf("two readers share the key %v", f.key(a, 0))
+	}
+	spans, err := f.Read(context.Background(), a, 0, tcs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	Release(spans)
+	if spans, err = f.Read(context.Background(), b, 0, tcs); err != nil {
+		t.Fatal(err)
+	}
+	Release(spans)
+	if got := st.fetchedBytes(); got != 2*tcs {
+		t.Errorf("two readers fetched %d bytes, want %d each", got, tcs)
+	}
+}
