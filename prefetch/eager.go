@@ -157,7 +157,7 @@ func (f *Fetcher) plan(ctx context.Context, file *File) []int64 {
 func (f *Fetcher) header(ctx context.Context, file *File) (*safetensors.Header, error) {
 	size := file.Obj.Size
 	buf := make([]byte, min(size, headerProbe))
-	if err := file.reader.ReadAt(ctx, file.Obj, buf, 0); err != nil {
+	if err := f.readGated(ctx, cache.Eager, file, buf, 0); err != nil {
 		return nil, err
 	}
 	n, err := safetensors.HeaderLen(buf, size)
@@ -167,7 +167,7 @@ func (f *Fetcher) header(ctx context.Context, file *File) (*safetensors.Header, 
 	if 8+n > int64(len(buf)) {
 		more := make([]byte, 8+n)
 		copy(more, buf)
-		if err := file.reader.ReadAt(ctx, file.Obj, more[len(buf):], int64(len(buf))); err != nil {
+		if err := f.readGated(ctx, cache.Eager, file, more[len(buf):], int64(len(buf))); err != nil {
 			return nil, err
 		}
 		buf = more

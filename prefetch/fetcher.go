@@ -241,7 +241,7 @@ func (f *Fetcher) reread(ctx context.Context, file *File, off int64, n int) (spa
 	}
 	buf := make([]byte, end-off)
 	f.Stats.Rereads.Add(1)
-	if err := file.reader.ReadAt(ctx, file.Obj, buf, off); err != nil {
+	if err := f.readGated(ctx, cache.Demand, file, buf, off); err != nil {
 		if ctx.Err() == nil {
 			var keys []cache.Key
 			for c := off / cs; c*cs < end; c++ {
@@ -252,6 +252,16 @@ func (f *Fetcher) reread(ctx context.Context, file *File, off int64, n int) (spa
 		return nil, true, fmt.Errorf("reread %s: %w", file.Name, err)
 	}
 	return []Span{{From: 0, To: len(buf), data: buf}}, true, nil
+}
+
+// readGated reads bytes of file outside the cache with one GET that, like
+// every other, waits for a slot of the gate at class.
+func (f *Fetcher) readGated(ctx context.Context, class cache.Class, file *File, buf []byte, off int64) error {
+	if err := f.gate.acquire(ctx, newTicket(class)); err != nil {
+		return err
+	}
+	defer f.gate.release()
+	return file.reader.ReadAt(ctx, file.Obj, buf, off)
 }
 
 // claim claims the chunks for [off, off+n) for a reader, starting a GET for

@@ -505,3 +505,36 @@ func TestCachedChunksAreScopedByReader(t *testing.T) {
 		t.Errorf("two readers fetched %d bytes, want %d each", got, tcs)
 	}
 }
+
+// GETs outside the cache (a safetensors header before a pull, a reread)
+// wait for a slot of the gate like every other GET.
+func TestHeaderReadsWaitForTheGate(t *testing.T) {
+	st := newMemStore()
+	st.hold = true
+	f, _ := newFetcher(t, st, 64, Config{PartSize: tcs, Concurrency: 1})
+	a := fileOf(f, "a.bin", st.put("a.bin", pattern(4*tcs, 1)))
+	b := fileOf(f, "b.safetensors", st.put("b.safetensors", pattern(4*tcs, 2)))
+	ctx := context.Background()
+	if err := f.pull(ctx, a, []int64{0}, cache.Eager, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	<-st.started // a's GET holds the only slot
+	done := make(chan struct{})
+	go func() { f.header(ctx, b); close(done) }()
+	for queued := 0; queued == 0; runtime.Gosched() {
+		select {
+		case g := <-st.started:
+			t.Fatalf("GET of %s started while the gate was full", g.key)
+		default:
+		}
+		f.gate.mu.Lock()
+		queued = len(f.gate.queue[cache.Eager])
+		f.gate.mu.Unlock()
+	}
+	st.release <- struct{}{} // a's GET ends and frees the slot
+	if g := <-st.started; g.key != "b.safetensors" {
+		t.Errorf("next GET %v, want the header of b.safetensors", g)
+	}
+	st.release <- struct{}{}
+	<-done
+}
