@@ -107,6 +107,7 @@ func TestBadInputFailsBeforeMounting(t *testing.T) {
 		{name: "unreachable endpoint", args: []string{"--endpoint", "http://127.0.0.1:1"}, want: "cannot reach the object store"},
 		{name: "endpoint scheme", args: []string{"--endpoint", "ftp://127.0.0.1:1"}, want: "invalid S3 endpoint"},
 		{name: "max-io-queue", args: append([]string{"--max-io-queue", "1"}, ep...), want: "--max-io-queue 1"},
+		{name: "cache beyond memory", args: []string{"--max-io-queue", "65536", "--io-chunksize", "256MiB"}, want: "more than this machine's"},
 		{name: "io-chunksize unit", args: []string{"--io-chunksize", "8 parsecs"}, want: "--io-chunksize"},
 		{name: "io-chunksize range", args: []string{"--io-chunksize", "1000"}, want: "--io-chunksize 1000"},
 		{name: "io-chunksize env", env: []string{"DOWNLOADER_S3_IO_CHUNKSIZE=12345"}, want: "--io-chunksize 12345"},

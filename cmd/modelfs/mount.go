@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/modelfs/modelfs/backend"
 	"github.com/modelfs/modelfs/cache"
@@ -126,6 +127,13 @@ func parseMountFlags(c *cli.Context) (*mountConfig, error) {
 		return nil, usageErr("--max-io-queue %d: want 8 to 65536 chunks", q)
 	}
 	mc.budget = int64(q) * mc.chunk
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) == nil {
+		if ram := int64(si.Totalram) * int64(si.Unit); mc.budget > ram {
+			return nil, usageErr("--max-io-queue %d × --io-chunksize %s = %s of cache: more than this machine's %s of memory",
+				q, c.String("io-chunksize"), human(mc.budget), human(ram))
+		}
+	}
 	mc.fsOpts = fs.DefaultOptions
 	mc.fsOpts.FsName = "modelfs"
 	if mc.loc != nil {
