@@ -260,8 +260,12 @@ func TestMmapLoadFromAnotherProcess(t *testing.T) {
 	if got := loadInChild(t, files...); got != want {
 		t.Errorf("second load copied %d tensor bytes, want %d", got, want)
 	}
-	if again := mt.m.Stats().ReadBytes.Load(); again != served {
-		t.Errorf("second load reached the daemon for %d bytes; the page cache should have served it", again-served)
+	// The page cache serves it. This machine's proactive reclaim (DAMON
+	// pageout) can drop a few pages between the loads, which the kernel
+	// then asks for again; a mount that lost its page cache on open would
+	// be asked for all of them.
+	if again := mt.m.Stats().ReadBytes.Load() - served; again > want/16 {
+		t.Errorf("second load reached the daemon for %d of %d bytes; the page cache should have served it", again, want)
 	}
 }
 
@@ -341,8 +345,10 @@ func TestMountSettings(t *testing.T) {
 			t.Fatal("reread differs from the source")
 		}
 	}
-	if again := mt.m.Stats().ReadBytes.Load(); again != served {
-		t.Errorf("reopening the file re-read %d bytes through the daemon", again-served)
+	// (Proactive reclaim may drop a page or two between the reads; without
+	// KEEP_CACHE each open would re-read the whole file.)
+	if again := mt.m.Stats().ReadBytes.Load() - served; again > int64(len(want))/16 {
+		t.Errorf("reopening the file re-read %d of its %d bytes through the daemon", again, len(want))
 	}
 	var sfs unix.Statfs_t
 	if err := unix.Statfs(mt.dir, &sfs); err != nil || sfs.Blocks*uint64(sfs.Bsize) < uint64(len(want)) {
