@@ -154,7 +154,7 @@ func parseEndpoint(kind, raw string) (*url.URL, error) {
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("invalid %s endpoint: not a URL; want [http(s)://]HOST[:PORT]", kind)
-	case u.User != nil || strings.Contains(u.Host, "@"):
+	case u.User != nil:
 		return nil, fmt.Errorf("invalid %s endpoint: it must not contain user information; pass credentials through the environment", kind)
 	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 		return nil, fmt.Errorf("invalid %s endpoint: it must not have a query or a fragment; want [http(s)://]HOST[:PORT]", kind)
