@@ -562,7 +562,7 @@ func (ch *Chunk) Served(from, to int) (complete bool) {
 	first := (from + PageSize - 1) / PageSize
 	last := to / PageSize // exclusive
 	if to >= ch.n {
-		last = (ch.n + PageSize - 1) / PageSize
+		last = ch.pages()
 	}
 	c.mu.Lock()
 	if !ch.inWindow || ch.loading {
