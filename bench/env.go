@@ -220,22 +220,11 @@ func copyInPages(dst, src string) error {
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, 4096)
-	for {
-		n, rerr := io.ReadFull(in, buf)
-		if n > 0 {
-			if _, err := out.Write(buf[:n]); err != nil {
-				out.Close()
-				return err
-			}
-		}
-		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
-			break
-		}
-		if rerr != nil {
-			out.Close()
-			return rerr
-		}
+	// Through plain Reader and Writer, so that os.File's ReadFrom (an
+	// in-kernel copy) cannot take over: every write is one 4 KiB read.
+	if _, err := io.CopyBuffer(struct{ io.Writer }{out}, struct{ io.Reader }{in}, make([]byte, 4096)); err != nil {
+		out.Close()
+		return err
 	}
 	// Written back now, so that no loads measured later share the machine
 	// with the writeback; the pages stay cached.
